@@ -1,0 +1,90 @@
+"""Real ldm UNets with random weights, small enough for CPU tests, and natural-image latents."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+
+@functools.cache
+def install_unet_cat_hijack() -> None:
+    """Let the ldm UNet take any latent size, as the WebUI does (modules/sd_hijack_unet.py):
+    its skip concatenation resizes the upsampled tensor to the skip connection's size."""
+    import ldm.modules.diffusionmodules.openaimodel as openaimodel
+
+    real_th = openaimodel.th
+
+    class _Torch:
+        def __getattr__(self, name):
+            return getattr(real_th, name)
+
+        @staticmethod
+        def cat(tensors, *args, **kwargs):
+            if len(tensors) == 2:
+                a, b = tensors
+                if a.shape[-2:] != b.shape[-2:]:
+                    a = nn.functional.interpolate(a, b.shape[-2:], mode="nearest")
+                tensors = (a, b)
+            return real_th.cat(tensors, *args, **kwargs)
+
+    openaimodel.th = _Torch()
+
+
+def reinit_zero_modules(model: nn.Module, seed: int = 0, scale: float = 0.05) -> nn.Module:
+    """ldm zero-initialises output projections (zero_module); give every all-zero weight small random
+    values so that each transformer block really contributes to the output."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1 and not p.any():
+                p.copy_(torch.randn(p.shape, generator=gen) * scale / p[0].numel() ** 0.5 * 4)
+    return model
+
+
+def make_unet(layout: str = "sd15", model_channels: int = 32, seed: int = 0, context_dim: int = 64, **overrides) -> nn.Module:
+    """A real ldm ``UNetModel`` in the SD1.5 or SDXL-like layout, random weights, eval mode, float32."""
+    from ldm.modules.diffusionmodules.openaimodel import UNetModel
+
+    install_unet_cat_hijack()
+    torch.manual_seed(seed)
+    if layout == "sd15":
+        cfg = dict(attention_resolutions=[4, 2, 1], channel_mult=[1, 2, 4, 4], num_res_blocks=2, transformer_depth=1)
+    elif layout == "sdxl":
+        cfg = dict(attention_resolutions=[4, 2], channel_mult=[1, 2, 4], num_res_blocks=2, transformer_depth=2)
+    else:
+        raise ValueError(layout)
+    cfg.update(
+        image_size=32, in_channels=4, out_channels=4, model_channels=model_channels, num_head_channels=8,
+        use_spatial_transformer=True, context_dim=context_dim, use_checkpoint=False, legacy=False,
+    )
+    cfg.update(overrides)
+    return reinit_zero_modules(UNetModel(**cfg), seed).eval()
+
+
+class Holder(nn.Module):
+    """Like the WebUI's LatentDiffusion: the UNet at ``.model.diffusion_model``."""
+
+    def __init__(self, unet: nn.Module):
+        super().__init__()
+        self.model = nn.Module()
+        self.model.diffusion_model = unet
+
+
+@functools.cache
+def _photo_latent_base() -> torch.Tensor:
+    from skimage import data
+
+    img = torch.tensor(data.astronaut(), dtype=torch.float32).permute(2, 0, 1) / 127.5 - 1  # 3 x 512 x 512
+    return img
+
+
+def photo_latents(batch: int, h: int, w: int, seed: int = 0) -> torch.Tensor:
+    """Latent-like tensors (B, 4, h, w) from real photos: downsampled RGB + luminance, a little noise."""
+    img = _photo_latent_base()
+    base = nn.functional.interpolate(img[None], size=(h, w), mode="area")[0]
+    lum = base.mean(0, keepdim=True)
+    lat = torch.cat([base, lum], 0)
+    gen = torch.Generator().manual_seed(seed)
+    return torch.stack([lat.roll(i * 3, dims=-1) + 0.1 * torch.randn(lat.shape, generator=gen) for i in range(batch)])

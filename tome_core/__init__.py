@@ -1,0 +1,72 @@
+"""Token Merging for Stable Diffusion UNets (ldm / sgm layout), pure torch, no WebUI imports.
+
+    import tome_core
+    tome_core.apply_patch(model, ratio=0.5)   # model: UNetModel, or anything holding one at .model.diffusion_model
+    ...
+    tome_core.remove_patch(model)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from .patch import Patch, apply_settings, find_unet, get_patch, remove_patch
+from .settings import FIELDS, NAMES, SettingsError, ToMeSettings, from_args, from_dict, to_args, to_dict
+
+__all__ = [
+    "FIELDS",
+    "NAMES",
+    "Patch",
+    "SettingsError",
+    "ToMeSettings",
+    "apply_patch",
+    "apply_settings",
+    "find_unet",
+    "from_args",
+    "from_dict",
+    "get_patch",
+    "remove_patch",
+    "to_args",
+    "to_dict",
+]
+
+
+def apply_patch(
+    model: nn.Module,
+    ratio: float = 0.5,
+    max_downsample: int | str = 1,
+    sx: int = 2,
+    sy: int = 2,
+    use_rand: bool = True,
+    seed: int | None = None,
+    merge_attn: bool = True,
+    merge_crossattn: bool = False,
+    merge_mlp: bool = False,
+    **more: Any,
+) -> Patch:
+    """Patch ``model`` with token merging; calling it again re-configures (never stacks).
+
+    ``max_downsample`` is 1, 2, 4, 8 or ``"auto"`` (the highest-resolution level that has transformer
+    blocks). With ``use_rand`` the destinations are drawn from a private generator derived from
+    ``seed`` (``None`` means 0) and the call's timestep, so results are reproducible and the cond and
+    uncond passes of a step share one partition. Further keyword arguments are other
+    :class:`ToMeSettings` fields. Invalid values raise :class:`SettingsError` and leave ``model``
+    unpatched. Returns the :class:`Patch`.
+    """
+    settings = from_dict(
+        dict(
+            ratio=ratio,
+            max_downsample=max_downsample,
+            sx=sx,
+            sy=sy,
+            use_rand=use_rand,
+            seed=-1 if seed is None else seed,
+            merge_attn=merge_attn,
+            merge_crossattn=merge_crossattn,
+            merge_mlp=merge_mlp,
+            **more,
+        )
+    )
+    return apply_settings(model, settings)

@@ -1,0 +1,285 @@
+"""Patching a UNet (ldm, sgm, or anything with the same transformer-block layout) with token merging.
+
+The patch is made only of PyTorch hooks, so the module tree, the classes and ``state_dict()`` stay as
+they are and other extensions that address modules by name (LoRA) or replace a block's ``_forward``
+on the instance (ControlNet's reference-only) keep working:
+
+* a forward pre-hook on the root records the latent size and the timestep of each UNet call;
+* a forward pre/post-hook pair on each transformer block marks the block input ``x`` whose tokens
+  the merge plan is computed from (lazily, only if a merge target runs);
+* forward pre/post-hooks on ``attn1`` / ``attn2`` / ``ff`` merge their input and unmerge their output.
+
+Any call whose token count does not fit the recorded geometry runs unmerged (warned once).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import merge as tm
+from .settings import ToMeSettings
+
+log = logging.getLogger("tome_core")
+
+_ATTR = "_tome_core_patch"  # our only attribute on the root module; tomesd's remove_patch ignores it
+_TARGETS = (("attn1", "merge_attn"), ("attn2", "merge_crossattn"), ("ff", "merge_mlp"))
+_MAX_LEVELS = 8
+
+
+def find_unet(model: nn.Module) -> nn.Module:
+    """The module to patch: ``model.model.diffusion_model`` if present (WebUI LatentDiffusion / SDXL
+    DiffusionEngine), else ``model`` itself."""
+    inner = getattr(getattr(model, "model", None), "diffusion_model", None)
+    return inner if isinstance(inner, nn.Module) else model
+
+
+def is_transformer_block(module: nn.Module) -> bool:
+    """A block laid out like ldm/sgm ``BasicTransformerBlock``: ``norm1, attn1, norm2, attn2, norm3, ff``."""
+    return all(isinstance(getattr(module, name, None), nn.Module) for name in ("norm1", "attn1", "attn2", "ff"))
+
+
+def transformer_blocks(root: nn.Module) -> Iterator[nn.Module]:
+    return (m for m in root.modules() if is_transformer_block(m))
+
+
+def level_sizes(h: int, w: int) -> Iterator[tuple[int, int, int]]:
+    """``(downsample, h, w)`` of each UNet level: stride-2 convolutions with padding 1 round up."""
+    for k in range(_MAX_LEVELS):
+        yield 2**k, h, w
+        h, w = (h + 1) // 2, (w + 1) // 2
+
+
+def _mix(*values: int) -> int:
+    """A stable 63-bit mix of integers (splitmix64), identical in every process."""
+    z = 0x9E3779B97F4A7C15
+    for v in values:
+        z = (z ^ (v & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        z ^= z >> 31
+    return z & 0x7FFFFFFFFFFFFFFF
+
+
+def _timestep_key(timesteps: Any) -> int:
+    """Bits of the call's first timestep: the cond and uncond passes of one step share it."""
+    if isinstance(timesteps, torch.Tensor) and timesteps.numel():
+        value = float(timesteps.flatten()[0])
+    elif isinstance(timesteps, (int, float)):
+        value = float(timesteps)
+    else:
+        return 0
+    return struct.unpack("<q", struct.pack("<d", value))[0]
+
+
+def _call_arg(module: nn.Module, args: tuple, kwargs: dict, name: str) -> Any:
+    """The value of ``name`` in a call of ``module.forward``, whether passed by keyword or position."""
+    if name in kwargs:
+        return kwargs[name]
+    try:
+        params = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return None
+    pos = params.index(name) if name in params else -1
+    return args[pos] if 0 <= pos < len(args) else None
+
+
+@dataclass
+class _BlockCall:
+    """One running transformer block: its input and, once needed, its merge plan."""
+
+    block: nn.Module
+    x: torch.Tensor
+    ordinal: int
+    plan: tm.MergePlan | None = None
+    planned: bool = False
+
+
+class Patch:
+    """The token-merging patch of one root module. Create through :func:`apply_patch`."""
+
+    def __init__(self, root: nn.Module, settings: ToMeSettings):
+        self.root = root
+        self.settings = settings
+        self.size: tuple[int, int] | None = None
+        self.forward_key = 0
+        self.ordinal = 0
+        self.current: _BlockCall | None = None
+        self._active: dict[int, tm.MergePlan] = {}
+        self._partitions: dict[tuple, tm.Partition] = {}
+        self._warned: set[str] = set()
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.blocks = list(transformer_blocks(root))
+        self.auto_downsample = self._auto_downsample()
+        self._install()
+
+    # --- configuration ------------------------------------------------------------------------
+    def _auto_downsample(self) -> int | None:
+        res = getattr(self.root, "attention_resolutions", None)
+        try:
+            values = [int(v) for v in res] if res is not None else []
+        except (TypeError, ValueError):
+            values = []
+        return min(values) if values else None
+
+    @property
+    def seed(self) -> int:
+        return max(self.settings.seed, 0)
+
+    def _max_downsample(self, level_downsample: int) -> int:
+        md = self.settings.max_downsample
+        if md != "auto":
+            return int(md)
+        if self.auto_downsample is None:  # no attention_resolutions: the first block of a forward is the highest level
+            self.auto_downsample = level_downsample
+        return self.auto_downsample
+
+    # --- hooks ------------------------------------------------------------------------------------
+    def _install(self) -> None:
+        self._handles.append(self.root.register_forward_pre_hook(self._root_pre, with_kwargs=True))
+        for block in self.blocks:
+            self._handles.append(block.register_forward_pre_hook(self._block_pre, with_kwargs=True))
+            self._handles.append(block.register_forward_hook(self._block_post))
+            for name, _flag in _TARGETS:
+                sub = getattr(block, name)
+                self._handles.append(sub.register_forward_pre_hook(self._make_sub_pre(block, name), with_kwargs=True))
+                self._handles.append(sub.register_forward_hook(self._sub_post))
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.current = None
+        self._active.clear()
+        if self.root.__dict__.get(_ATTR) is self:
+            del self.root.__dict__[_ATTR]
+
+    def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        x = args[0] if args else kwargs.get("x")
+        if isinstance(x, torch.Tensor) and x.dim() == 4:
+            self.size = (int(x.shape[2]), int(x.shape[3]))
+        self.ordinal = 0
+        self.current = None
+        self._active.clear()
+        if self.settings.use_rand:
+            self.forward_key = _mix(self.seed, _timestep_key(_call_arg(module, args, kwargs, "timesteps")))
+
+    def _block_pre(self, block: nn.Module, args: tuple, kwargs: dict) -> None:
+        x = args[0] if args else kwargs.get("x")
+        self.current = _BlockCall(block, x, self.ordinal) if isinstance(x, torch.Tensor) and x.dim() == 3 else None
+        self.ordinal += 1
+
+    def _block_post(self, block: nn.Module, args: tuple, output: Any) -> None:
+        self.current = None
+
+    def _make_sub_pre(self, block: nn.Module, name: str):
+        flag = dict(_TARGETS)[name]
+
+        def hook(sub: nn.Module, args: tuple, kwargs: dict):
+            self._active.pop(id(sub), None)
+            call = self.current
+            if not getattr(self.settings, flag) or call is None or call.block is not block:
+                return None
+            hidden = args[0] if args else kwargs.get("x")
+            plan = self._plan(call)
+            if plan is None or not isinstance(hidden, torch.Tensor):
+                return None
+            if hidden.dim() != 3 or hidden.shape[0] != plan.batch or hidden.shape[1] != plan.num_tokens:
+                if hidden.shape[1] != plan.num_tokens:
+                    self._warn_once(
+                        "mismatch",
+                        f"ToMe: {name} got {hidden.shape[1]} tokens where the block had {plan.num_tokens} "
+                        "(another token-merging patch?); those calls run unmerged",
+                    )
+                return None
+            self._active[id(sub)] = plan
+            merged = plan.merge(hidden)
+            if args:
+                return (merged, *args[1:]), kwargs
+            return args, {**kwargs, "x": merged}
+
+        return hook
+
+    def _sub_post(self, sub: nn.Module, args: tuple, output: Any) -> Any:
+        plan = self._active.pop(id(sub), None)
+        if plan is None or not isinstance(output, torch.Tensor):
+            return None
+        return plan.unmerge(output)
+
+    # --- planning ---------------------------------------------------------------------------------
+    def _plan(self, call: _BlockCall) -> tm.MergePlan | None:
+        if not call.planned:
+            call.planned = True
+            call.plan = self._make_plan(call.x, call.ordinal)
+        return call.plan
+
+    def _geometry(self, num_tokens: int) -> tuple[int, int, int] | None:
+        if self.size is None:
+            return None
+        for level in level_sizes(*self.size):
+            if level[1] * level[2] == num_tokens:
+                return level
+        return None
+
+    def _make_plan(self, x: torch.Tensor, ordinal: int) -> tm.MergePlan | None:
+        s = self.settings
+        geometry = self._geometry(x.shape[1])
+        if geometry is None:
+            self._warn_once(
+                "geometry",
+                f"ToMe: a block with {x.shape[1]} tokens does not fit the latent size {self.size}; it runs unmerged",
+            )
+            return None
+        downsample, h, w = geometry
+        if downsample > self._max_downsample(downsample):
+            return None
+        r = int(x.shape[1] * s.ratio)
+        if r <= 0:
+            return None
+        part = self._partition(h, w, x.device, ordinal)
+        if part.dst.numel() == 0:
+            return None
+        return tm.plan_merge(x, part, r)
+
+    def _partition(self, h: int, w: int, device: torch.device, ordinal: int) -> tm.Partition:
+        s = self.settings
+        if not s.use_rand:
+            key = (h, w, s.sx, s.sy, device)
+            if key not in self._partitions:
+                self._partitions[key] = tm.make_partition(h, w, s.sx, s.sy, None, device)
+            return self._partitions[key]
+        generator = torch.Generator().manual_seed(_mix(self.forward_key, ordinal))
+        return tm.make_partition(h, w, s.sx, s.sy, generator, device)
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning(message)
+
+
+def get_patch(model: nn.Module) -> Patch | None:
+    """The patch on ``model`` (or on the UNet it holds), if any."""
+    return find_unet(model).__dict__.get(_ATTR)
+
+
+def apply_settings(model: nn.Module, settings: ToMeSettings) -> Patch:
+    """Patch ``model`` with validated settings, replacing (never stacking on) a patch already there."""
+    root = find_unet(model)
+    remove_patch(root)
+    patch = Patch(root, settings)
+    root.__dict__[_ATTR] = patch
+    return patch
+
+
+def remove_patch(model: nn.Module) -> nn.Module:
+    """Remove our patch from ``model`` (or the UNet it holds); a no-op if it has none. Returns ``model``."""
+    patch = get_patch(model)
+    if patch is not None:
+        patch.remove()
+    return model

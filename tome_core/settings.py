@@ -1,0 +1,175 @@
+"""The one settings record: every knob's default, bounds, label, infotext key and element id.
+
+The WebUI script derives its UI, its API argument list (positional *and* dict form), its infotext and
+its XYZ axes from :data:`FIELDS`; the core reads the same record. Field order is the positional API
+order and is append-only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+MaxDownsample = Union[int, Literal["auto"]]
+DOWNSAMPLE_CHOICES: tuple[str, ...] = ("1", "2", "4", "8", "auto")
+METHOD_CHOICES: tuple[str, ...] = ("merge", "downsample")
+
+
+class SettingsError(ValueError):
+    """A setting is unknown, of the wrong type or out of range. The message names field, value and range."""
+
+    def __init__(self, name: str, value: Any, allowed: str):
+        self.name, self.value, self.allowed = name, value, allowed
+        super().__init__(f"ToMe setting '{name}' = {value!r} is invalid: allowed {allowed}")
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """How one setting is typed, bounded, shown and recorded."""
+
+    kind: Literal["bool", "int", "float", "choice"]
+    label: str
+    infotext: str
+    hint: str
+    minimum: float | None = None
+    maximum: float | None = None
+    step: float | None = None
+    choices: tuple[str, ...] = ()
+
+    def allowed(self) -> str:
+        if self.kind == "bool":
+            return "true or false"
+        if self.kind == "choice":
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        kind = "an integer" if self.kind == "int" else "a number"
+        return f"{kind} from {self.minimum:g} to {self.maximum:g}"
+
+
+def _spec(default: Any, **kwargs: Any) -> Any:
+    return field(default=default, metadata={"spec": FieldSpec(**kwargs)})
+
+
+@dataclass(frozen=True)
+class ToMeSettings:
+    """Validated, immutable ToMe settings. Build with :meth:`from_dict` / :meth:`from_args` at a boundary."""
+
+    enabled: bool = _spec(False, kind="bool", label="ToMe", infotext="ToMe", hint="Merge redundant tokens in the UNet's transformer blocks for this generation.")
+    ratio: float = _spec(0.5, kind="float", label="Merge ratio", infotext="ToMe ratio", minimum=0.0, maximum=0.95, step=0.05, hint="Fraction of tokens merged away before self-attention. At most 1 - 1/(stride x * stride y). Higher is faster and less faithful.")
+    max_downsample: MaxDownsample = _spec("auto", kind="choice", label="Max downsample", infotext="ToMe max downsample", choices=DOWNSAMPLE_CHOICES, hint="Merge in the UNet levels downsampled at most this much. auto: the highest-resolution level that has transformer blocks (1 for SD1/SD2, 2 for SDXL).")
+    sx: int = _spec(2, kind="int", label="Stride x", infotext="ToMe stride x", minimum=1, maximum=8, step=1, hint="Width of the cells that each keep one destination token.")
+    sy: int = _spec(2, kind="int", label="Stride y", infotext="ToMe stride y", minimum=1, maximum=8, step=1, hint="Height of the cells that each keep one destination token.")
+    use_rand: bool = _spec(True, kind="bool", label="Random destinations", infotext="ToMe random", hint="Pick each cell's destination token at random (reproducible from the seed) instead of the top-left one.")
+    seed: int = _spec(-1, kind="int", label="Random seed (-1 = image seed)", infotext="ToMe seed", minimum=-1, maximum=2**32 - 1, step=1, hint="Seed of the random destinations; -1 derives it from the image seed.")
+    merge_attn: bool = _spec(True, kind="bool", label="Merge self-attention", infotext="ToMe merge attn", hint="Merge tokens before self-attention (the main speed-up).")
+    merge_crossattn: bool = _spec(False, kind="bool", label="Merge cross-attention", infotext="ToMe merge crossattn", hint="Also merge before cross-attention (little gain, some quality loss).")
+    merge_mlp: bool = _spec(False, kind="bool", label="Merge MLP", infotext="ToMe merge mlp", hint="Also merge before the feed-forward layer (little gain, noticeable quality loss).")
+    hires_ratio: float = _spec(0.0, kind="float", label="Hires. fix ratio (0 = same)", infotext="ToMe hires ratio", minimum=0.0, maximum=0.95, step=0.05, hint="Merge ratio for the hires. fix pass; 0 uses the main ratio.")
+    min_size: int = _spec(0, kind="int", label="Minimum size (px, 0 = always)", infotext="ToMe min size", minimum=0, maximum=8192, step=8, hint="ToMe stays off while the shorter image side is below this many pixels; the gain is nil around 512 px.")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, _coerce(f.name, getattr(self, f.name)))
+        self.check_ratio(self.ratio, "ratio")
+        self.check_ratio(self.hires_ratio, "hires_ratio")
+
+    # --- derived values -------------------------------------------------------------------------
+    @property
+    def ratio_cap(self) -> float:
+        """The largest ratio the strides allow: every cell keeps one destination."""
+        return 1.0 - 1.0 / (self.sx * self.sy)
+
+    def check_ratio(self, value: float, name: str) -> None:
+        if value > self.ratio_cap + 1e-9:
+            raise SettingsError(name, value, f"at most 1 - 1/(sx*sy) = {self.ratio_cap:.4g} for strides {self.sx}x{self.sy}")
+
+    def replace(self, **changes: Any) -> ToMeSettings:
+        """A validated copy with some fields changed."""
+        return from_dict({**to_dict(self), **changes})
+
+
+FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(ToMeSettings)
+NAMES: tuple[str, ...] = tuple(f.name for f in FIELDS)
+
+
+def spec(name: str) -> FieldSpec:
+    """The :class:`FieldSpec` of one field."""
+    return _BY_NAME[name].metadata["spec"]
+
+
+_BY_NAME = {f.name: f for f in FIELDS}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Check one value against its field and return it in canonical type. Raises :class:`SettingsError`."""
+    s = spec(name)
+    if s.kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value in ("True", "False", "true", "false"):
+            return value.lower() == "true"
+        raise SettingsError(name, value, s.allowed())
+    if s.kind == "choice":
+        text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
+        if isinstance(value, float) and value.is_integer():
+            text = str(int(value))
+        if text not in s.choices:
+            raise SettingsError(name, value, s.allowed())
+        return text if not text.isdigit() else int(text)
+    # numbers: reject bools and non-numeric strings; ints must be integral
+    number: float
+    if isinstance(value, bool):
+        raise SettingsError(name, value, s.allowed())
+    if isinstance(value, (int, float)):
+        number = value
+    elif isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            raise SettingsError(name, value, s.allowed()) from None
+    else:
+        raise SettingsError(name, value, s.allowed())
+    if not math.isfinite(number) or not (s.minimum <= number <= s.maximum):
+        raise SettingsError(name, value, s.allowed())
+    if s.kind == "int":
+        if float(number) != int(number):
+            raise SettingsError(name, value, s.allowed())
+        return int(number)
+    return float(number)
+
+
+def from_dict(values: dict[str, Any]) -> ToMeSettings:
+    """Settings from a (partial) dict of field names; missing keys take defaults, unknown keys are rejected."""
+    if not isinstance(values, dict):
+        raise SettingsError("args", values, "a dict of setting names to values")
+    unknown = sorted(set(values) - set(NAMES), key=str)
+    if unknown:
+        raise SettingsError(str(unknown[0]), values[unknown[0]], "a known setting name: " + ", ".join(NAMES))
+    return ToMeSettings(**values)
+
+
+def from_args(args: list[Any] | tuple[Any, ...]) -> ToMeSettings:
+    """Settings from the script's positional arguments, or from one dict given as the first argument.
+
+    A dict in the first slot (the API form ``{"args": [{...}]}``) is used alone: the later slots then
+    hold the UI defaults that the WebUI filled in.
+    """
+    if args and isinstance(args[0], dict):
+        return from_dict(args[0])
+    if len(args) > len(NAMES):
+        raise SettingsError("args", list(args), f"at most {len(NAMES)} positional values ({', '.join(NAMES)})")
+    return from_dict(dict(zip(NAMES, args)))
+
+
+def to_dict(settings: ToMeSettings) -> dict[str, Any]:
+    """All fields by name."""
+    return {name: getattr(settings, name) for name in NAMES}
+
+
+def to_args(settings: ToMeSettings) -> list[Any]:
+    """All fields in positional API order."""
+    return [getattr(settings, name) for name in NAMES]
+
+
+DEFAULTS = ToMeSettings()
