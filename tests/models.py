@@ -32,6 +32,23 @@ def install_unet_cat_hijack() -> None:
     openaimodel.th = _Torch()
 
 
+@functools.cache
+def install_sdp_attention() -> None:
+    """Run ldm's CrossAttention through torch's scaled_dot_product_attention, as the WebUI's default
+    "sdp" optimisation does (it replaces ``CrossAttention.forward`` at class level)."""
+    from ldm.modules.attention import CrossAttention
+
+    def forward(self, x, context=None, mask=None, **kwargs):
+        b, n, _ = x.shape
+        context = x if context is None else context
+        q, k, v = self.to_q(x), self.to_k(context), self.to_v(context)
+        q, k, v = (t.view(b, t.shape[1], self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        out = nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.to_out(out.transpose(1, 2).reshape(b, n, -1))
+
+    CrossAttention.forward = forward
+
+
 def reinit_zero_modules(model: nn.Module, seed: int = 0, scale: float = 0.05) -> nn.Module:
     """ldm zero-initialises output projections (zero_module); give every all-zero weight small random
     values so that each transformer block really contributes to the output."""
@@ -43,11 +60,14 @@ def reinit_zero_modules(model: nn.Module, seed: int = 0, scale: float = 0.05) ->
     return model
 
 
-def make_unet(layout: str = "sd15", model_channels: int = 32, seed: int = 0, context_dim: int = 64, **overrides) -> nn.Module:
+def make_unet(
+    layout: str = "sd15", model_channels: int = 32, seed: int = 0, context_dim: int = 64, **overrides
+) -> nn.Module:
     """A real ldm ``UNetModel`` in the SD1.5 or SDXL-like layout, random weights, eval mode, float32."""
     from ldm.modules.diffusionmodules.openaimodel import UNetModel
 
     install_unet_cat_hijack()
+    install_sdp_attention()
     torch.manual_seed(seed)
     if layout == "sd15":
         cfg = dict(attention_resolutions=[4, 2, 1], channel_mult=[1, 2, 4, 4], num_res_blocks=2, transformer_depth=1)
@@ -56,8 +76,15 @@ def make_unet(layout: str = "sd15", model_channels: int = 32, seed: int = 0, con
     else:
         raise ValueError(layout)
     cfg.update(
-        image_size=32, in_channels=4, out_channels=4, model_channels=model_channels, num_head_channels=8,
-        use_spatial_transformer=True, context_dim=context_dim, use_checkpoint=False, legacy=False,
+        image_size=32,
+        in_channels=4,
+        out_channels=4,
+        model_channels=model_channels,
+        num_head_channels=16,
+        use_spatial_transformer=True,
+        context_dim=context_dim,
+        use_checkpoint=False,
+        legacy=False,
     )
     cfg.update(overrides)
     return reinit_zero_modules(UNetModel(**cfg), seed).eval()

@@ -1,9 +1,9 @@
 """Token Merging for Stable Diffusion UNets (ldm / sgm layout), pure torch, no WebUI imports.
 
-    import tome_core
-    tome_core.apply_patch(model, ratio=0.5)   # model: UNetModel, or anything holding one at .model.diffusion_model
-    ...
-    tome_core.remove_patch(model)
+import tome_core
+tome_core.apply_patch(model, ratio=0.5)   # model: UNetModel, or anything holding one at .model.diffusion_model
+...
+tome_core.remove_patch(model)
 """
 
 from __future__ import annotations

@@ -22,13 +22,15 @@ DEFAULT_CHUNK_BYTES = 32 * 2**20
 
 @dataclass(frozen=True)
 class Partition:
-    """Split of an ``h x w`` token grid into source and destination token indices (1-D, sorted)."""
+    """Split of an ``h x w`` token grid into source and destination token indices (1-D)."""
 
     src: torch.Tensor
     dst: torch.Tensor
 
 
-def make_partition(h: int, w: int, sx: int, sy: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu") -> Partition:
+def make_partition(
+    h: int, w: int, sx: int, sy: int, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
+) -> Partition:
     """One destination per full ``sy x sx`` cell: the top-left token, or a random one drawn from ``generator``.
 
     Tokens in the partial cells at the right and bottom edges are all sources. The draw happens on the
@@ -41,11 +43,12 @@ def make_partition(h: int, w: int, sx: int, sy: int, generator: torch.Generator 
         offset = torch.randint(sy * sx, (hs, ws), generator=generator, dtype=torch.long)
     rows = torch.arange(hs).unsqueeze(1) * sy + offset // sx
     cols = torch.arange(ws).unsqueeze(0) * sx + offset % sx
-    dst = (rows * w + cols).flatten()
-    is_src = torch.ones(h * w, dtype=torch.bool)
-    is_src[dst] = False
-    src = is_src.nonzero().flatten()
-    return Partition(src=src.to(device), dst=dst.sort().values.to(device))
+    marker = torch.zeros(h * w, dtype=torch.long)
+    marker[(rows * w + cols).flatten()] = -1
+    # Destinations first, in the order a sort of the marker gives on this device: the same token order
+    # as tomesd's, so that results are bit-identical to it (attention sums depend on the order).
+    order = marker.to(device).view(1, -1, 1).argsort(dim=1).flatten()
+    return Partition(src=order[hs * ws :], dst=order[: hs * ws])
 
 
 @dataclass(frozen=True)
@@ -91,13 +94,15 @@ def _normalized(x: torch.Tensor) -> torch.Tensor:
     return (x32 / x32.norm(dim=-1, keepdim=True)).to(x.dtype)
 
 
-def best_destinations(metric: torch.Tensor, part: Partition, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[torch.Tensor, torch.Tensor]:
+def best_destinations(
+    metric: torch.Tensor, part: Partition, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> tuple[torch.Tensor, torch.Tensor]:
     """For each source: the highest cosine similarity to any destination and that destination's slot.
 
     Works through the sources in chunks, so the similarity matrix never exists whole.
     Returns ``(best, slot)``, both (B, Ns).
     """
-    b, _, c = metric.shape
+    b = metric.shape[0]
     dst = _normalized(metric.index_select(1, part.dst)).transpose(1, 2)  # (B, C, Nd)
     num_dst, num_src = part.dst.numel(), part.src.numel()
     rows = max(1, chunk_bytes // max(1, b * num_dst * metric.element_size()))

@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
-MaxDownsample = Union[int, Literal["auto"]]
+MaxDownsample = int | Literal["auto"]
 DOWNSAMPLE_CHOICES: tuple[str, ...] = ("1", "2", "4", "8", "auto")
 METHOD_CHOICES: tuple[str, ...] = ("merge", "downsample")
 
@@ -55,18 +55,109 @@ def _spec(default: Any, **kwargs: Any) -> Any:
 class ToMeSettings:
     """Validated, immutable ToMe settings. Build with :meth:`from_dict` / :meth:`from_args` at a boundary."""
 
-    enabled: bool = _spec(False, kind="bool", label="ToMe", infotext="ToMe", hint="Merge redundant tokens in the UNet's transformer blocks for this generation.")
-    ratio: float = _spec(0.5, kind="float", label="Merge ratio", infotext="ToMe ratio", minimum=0.0, maximum=0.95, step=0.05, hint="Fraction of tokens merged away before self-attention. At most 1 - 1/(stride x * stride y). Higher is faster and less faithful.")
-    max_downsample: MaxDownsample = _spec("auto", kind="choice", label="Max downsample", infotext="ToMe max downsample", choices=DOWNSAMPLE_CHOICES, hint="Merge in the UNet levels downsampled at most this much. auto: the highest-resolution level that has transformer blocks (1 for SD1/SD2, 2 for SDXL).")
-    sx: int = _spec(2, kind="int", label="Stride x", infotext="ToMe stride x", minimum=1, maximum=8, step=1, hint="Width of the cells that each keep one destination token.")
-    sy: int = _spec(2, kind="int", label="Stride y", infotext="ToMe stride y", minimum=1, maximum=8, step=1, hint="Height of the cells that each keep one destination token.")
-    use_rand: bool = _spec(True, kind="bool", label="Random destinations", infotext="ToMe random", hint="Pick each cell's destination token at random (reproducible from the seed) instead of the top-left one.")
-    seed: int = _spec(-1, kind="int", label="Random seed (-1 = image seed)", infotext="ToMe seed", minimum=-1, maximum=2**32 - 1, step=1, hint="Seed of the random destinations; -1 derives it from the image seed.")
-    merge_attn: bool = _spec(True, kind="bool", label="Merge self-attention", infotext="ToMe merge attn", hint="Merge tokens before self-attention (the main speed-up).")
-    merge_crossattn: bool = _spec(False, kind="bool", label="Merge cross-attention", infotext="ToMe merge crossattn", hint="Also merge before cross-attention (little gain, some quality loss).")
-    merge_mlp: bool = _spec(False, kind="bool", label="Merge MLP", infotext="ToMe merge mlp", hint="Also merge before the feed-forward layer (little gain, noticeable quality loss).")
-    hires_ratio: float = _spec(0.0, kind="float", label="Hires. fix ratio (0 = same)", infotext="ToMe hires ratio", minimum=0.0, maximum=0.95, step=0.05, hint="Merge ratio for the hires. fix pass; 0 uses the main ratio.")
-    min_size: int = _spec(0, kind="int", label="Minimum size (px, 0 = always)", infotext="ToMe min size", minimum=0, maximum=8192, step=8, hint="ToMe stays off while the shorter image side is below this many pixels; the gain is nil around 512 px.")
+    enabled: bool = _spec(
+        False,
+        kind="bool",
+        label="ToMe",
+        infotext="ToMe",
+        hint="Merge redundant tokens in the UNet's transformer blocks for this generation.",
+    )
+    ratio: float = _spec(
+        0.5,
+        kind="float",
+        label="Merge ratio",
+        infotext="ToMe ratio",
+        minimum=0.0,
+        maximum=0.95,
+        step=0.05,
+        hint="Fraction of tokens merged away before self-attention. At most 1 - 1/(stride x * stride y). Higher is faster and less faithful.",
+    )
+    max_downsample: MaxDownsample = _spec(
+        "auto",
+        kind="choice",
+        label="Max downsample",
+        infotext="ToMe max downsample",
+        choices=DOWNSAMPLE_CHOICES,
+        hint="Merge in the UNet levels downsampled at most this much. auto: the highest-resolution level that has transformer blocks (1 for SD1/SD2, 2 for SDXL).",
+    )
+    sx: int = _spec(
+        2,
+        kind="int",
+        label="Stride x",
+        infotext="ToMe stride x",
+        minimum=1,
+        maximum=8,
+        step=1,
+        hint="Width of the cells that each keep one destination token.",
+    )
+    sy: int = _spec(
+        2,
+        kind="int",
+        label="Stride y",
+        infotext="ToMe stride y",
+        minimum=1,
+        maximum=8,
+        step=1,
+        hint="Height of the cells that each keep one destination token.",
+    )
+    use_rand: bool = _spec(
+        True,
+        kind="bool",
+        label="Random destinations",
+        infotext="ToMe random",
+        hint="Pick each cell's destination token at random (reproducible from the seed) instead of the top-left one.",
+    )
+    seed: int = _spec(
+        -1,
+        kind="int",
+        label="Random seed (-1 = image seed)",
+        infotext="ToMe seed",
+        minimum=-1,
+        maximum=2**32 - 1,
+        step=1,
+        hint="Seed of the random destinations; -1 derives it from the image seed.",
+    )
+    merge_attn: bool = _spec(
+        True,
+        kind="bool",
+        label="Merge self-attention",
+        infotext="ToMe merge attn",
+        hint="Merge tokens before self-attention (the main speed-up).",
+    )
+    merge_crossattn: bool = _spec(
+        False,
+        kind="bool",
+        label="Merge cross-attention",
+        infotext="ToMe merge crossattn",
+        hint="Also merge before cross-attention (little gain, some quality loss).",
+    )
+    merge_mlp: bool = _spec(
+        False,
+        kind="bool",
+        label="Merge MLP",
+        infotext="ToMe merge mlp",
+        hint="Also merge before the feed-forward layer (little gain, noticeable quality loss).",
+    )
+    hires_ratio: float = _spec(
+        0.0,
+        kind="float",
+        label="Hires. fix ratio (0 = same)",
+        infotext="ToMe hires ratio",
+        minimum=0.0,
+        maximum=0.95,
+        step=0.05,
+        hint="Merge ratio for the hires. fix pass; 0 uses the main ratio.",
+    )
+    min_size: int = _spec(
+        0,
+        kind="int",
+        label="Minimum size (px, 0 = always)",
+        infotext="ToMe min size",
+        minimum=0,
+        maximum=8192,
+        step=8,
+        hint="ToMe stays off while the shorter image side is below this many pixels; the gain is nil around 512 px.",
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -82,7 +173,9 @@ class ToMeSettings:
 
     def check_ratio(self, value: float, name: str) -> None:
         if value > self.ratio_cap + 1e-9:
-            raise SettingsError(name, value, f"at most 1 - 1/(sx*sy) = {self.ratio_cap:.4g} for strides {self.sx}x{self.sy}")
+            raise SettingsError(
+                name, value, f"at most 1 - 1/(sx*sy) = {self.ratio_cap:.4g} for strides {self.sx}x{self.sy}"
+            )
 
     def replace(self, **changes: Any) -> ToMeSettings:
         """A validated copy with some fields changed."""
