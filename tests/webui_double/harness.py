@@ -1,0 +1,82 @@
+"""Startup helpers that reproduce the WebUI's order of events for tests.
+
+Real order (webui.py / modules/initialize.py / modules/ui.py): load_scripts() -> (model load, on_model_loaded)
+-> script_callbacks.before_ui_callback() -> ui.create_ui(): per tab ``initialize_scripts(is_img2img)``,
+``prepare_ui()``, sections, ``setup_ui()`` -> api defaults (init_default_script_args calls ui() again).
+"""
+import os
+
+import gradio as gr
+from modules import errors, script_callbacks, scripts, sd_models, shared
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+XYZ_PATH = os.path.join(HERE, "builtin_scripts", "xyz_grid.py")
+
+
+def reset_webui():
+    """Fresh options/state, no scripts, no callbacks, nothing reported, no token merging calls recorded."""
+    shared.reset()
+    scripts.reset()
+    script_callbacks.clear_callbacks()
+    errors.clear()
+    sd_models.apply_token_merging_calls.clear()
+    sd_models.checkpoints_list.clear()
+
+
+def register_xyz_grid():
+    """Load the XYZ double like the real scripts/xyz_grid.py (module named "xyz_grid.py"); returns the module."""
+    return scripts.register_script_file(scripts.ScriptFile(scripts.script_path, "xyz_grid.py", XYZ_PATH))
+
+
+def load_extension(extension_dir):
+    """Load every <extension_dir>/scripts/*.py like load_scripts does for an extension."""
+    for scriptfile in scripts.list_extension_scripts(extension_dir):
+        scripts.register_script_file(scriptfile)
+
+
+def build_runner(is_img2img=False):
+    """initialize_scripts + prepare_ui + setup_ui inside a gr.Blocks, like ui.create_ui does for one tab."""
+    runner = scripts.scripts_img2img if is_img2img else scripts.scripts_txt2img
+    scripts.scripts_current = runner
+    runner.initialize_scripts(is_img2img=is_img2img)
+    with gr.Blocks() as demo:
+        runner.prepare_ui()
+        runner.setup_ui()
+    runner.demo = demo
+    scripts.scripts_current = None
+    return runner
+
+
+def start_webui(extension_dirs=(), *, sd_model=None, with_xyz=True):
+    """Full startup: reset, load xyz + extensions, load the model, before_ui callbacks, build both runners."""
+    reset_webui()
+    if with_xyz:
+        register_xyz_grid()
+    for ext in extension_dirs:
+        load_extension(ext)
+    if sd_model is not None:
+        sd_models.load_model(sd_model)
+    script_callbacks.before_ui_callback()
+    build_runner(False)
+    build_runner(True)
+    return scripts.scripts_txt2img, scripts.scripts_img2img
+
+
+def make_txt2img(runner=None, script_args=None, **kwargs):
+    """A StableDiffusionProcessingTxt2Img set up like modules/txt2img.py (~L13-50): scripts then script_args
+    (this runs setup() hooks). script_args defaults to the UI defaults of every control."""
+    from modules import processing
+
+    runner = runner or scripts.scripts_txt2img
+    defaults = {"prompt": "a cat", "negative_prompt": "", "steps": 3, "width": 64, "height": 64, "seed": 1, "cfg_scale": 7.0,
+                    "sampler_name": "Euler", "do_not_save_samples": True, "do_not_save_grid": True}
+    defaults.update(kwargs)
+    p = processing.StableDiffusionProcessingTxt2Img(**defaults)
+    p.scripts = runner
+    p.script_args = script_args if script_args is not None else default_script_args(runner)
+    return p
+
+
+def default_script_args(runner):
+    """[0] + the current value of every input, as the UI would send them untouched."""
+    return [0] + [getattr(c, "value", None) for c in runner.inputs[1:]]
