@@ -129,7 +129,7 @@ def run_cell(p, axis_option, value, xs=None):
 
     try:
         res = process_images(pc)
-    except Exception as e:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+    except Exception as e:
         errors.display(e, "generating image for xyz plot")
         res = Processed(p, [], p.seed, "")
     return res

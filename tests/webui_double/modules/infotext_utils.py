@@ -62,7 +62,7 @@ def unquote(text):
         return text
     try:
         return json.loads(text)
-    except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+    except Exception:
         return text
 
 
@@ -113,7 +113,7 @@ def parse_generation_parameters(x: str, skip_fields: list[str] | None = None):
                 res[f"{k}-2"] = m.group(2)
             else:
                 res[k] = v
-        except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+        except Exception:
             print(f"Error parsing \"{k}: {v}\"")
 
     res["Prompt"] = prompt
@@ -162,7 +162,7 @@ def _updates_from_params(paste_fields, params):
         if callable(key):
             try:
                 v = key(params)
-            except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+            except Exception:
                 errors.report(f"Error executing {key}", exc_info=True)
                 v = None
         else:
@@ -175,14 +175,14 @@ def _updates_from_params(paste_fields, params):
         else:
             try:
                 valtype = type(output.value)
-                if valtype == bool and v == "False":
+                if valtype is bool and v == "False":
                     val = False
-                elif valtype == int:
+                elif valtype is int:
                     val = float(v)
                 else:
                     val = valtype(v)
                 res.append(gr.update(value=val))
-            except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+            except Exception:
                 res.append(gr.update())
     return res
 

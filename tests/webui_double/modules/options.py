@@ -118,7 +118,7 @@ class Options:
         if run_callbacks and option.onchange is not None:
             try:
                 option.onchange()
-            except Exception as e:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+            except Exception as e:
                 from modules import errors
                 errors.display(e, f"changing setting {key} to {value}")
                 setattr(self, key, old)

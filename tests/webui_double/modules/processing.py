@@ -423,7 +423,7 @@ def get_fixed_seed(seed):
     elif isinstance(seed, str):
         try:
             seed = int(seed)
-        except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+        except Exception:
             seed = -1
     if seed == -1:
         return int(random.randrange(4294967294))
@@ -494,7 +494,7 @@ def create_infotext(p, all_prompts, all_seeds, all_subseeds, comments=None, iter
                 generation_params[key] = value[index]
             elif callable(value):
                 generation_params[key] = value(**locals())
-        except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+        except Exception:
             errors.report(f'Error creating infotext for key "{key}"', exc_info=True)
             generation_params[key] = None
 
@@ -836,7 +836,7 @@ class StableDiffusionProcessingTxt2Img(StableDiffusionProcessing):
         else:
             self.latent_scale_mode = shared.latent_upscale_modes.get(shared.latent_upscale_default_mode, "nearest")
         if self.latent_scale_mode is None and not any(x.name == self.hr_upscaler for x in shared.sd_upscalers):
-            raise Exception(f"could not find upscaler named {self.hr_upscaler}")  # noqa: TRY002 - same as the real one
+            raise Exception(f"could not find upscaler named {self.hr_upscaler}")
 
         self.calculate_target_resolution()
 

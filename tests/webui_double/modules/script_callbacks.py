@@ -143,7 +143,7 @@ def _run(category, job, *args, reverse=False, **kwargs):
     for c in (reversed(callbacks) if reverse else callbacks):
         try:
             c.callback(*args, **kwargs)
-        except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+        except Exception:
             report_exception(c, job)
 
 
@@ -164,7 +164,7 @@ def ui_tabs_callback():
     for c in ordered_callbacks('ui_tabs'):
         try:
             res += c.callback() or []
-        except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+        except Exception:
             report_exception(c, 'ui_tabs_callback')
     return res
 

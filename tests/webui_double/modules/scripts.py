@@ -230,14 +230,14 @@ def register_script_file(scriptfile: ScriptFile):
     syspath = sys.path
     try:
         if scriptfile.basedir != script_path:
-            sys.path = [scriptfile.basedir] + sys.path
+            sys.path = [scriptfile.basedir, *sys.path]
         current_basedir = scriptfile.basedir
         module = load_module(scriptfile.path)
         for script_class in module.__dict__.values():
             if inspect.isclass(script_class) and issubclass(script_class, Script):
                 scripts_data.append(ScriptClassData(script_class, scriptfile.path, scriptfile.basedir, module))
         return module
-    except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+    except Exception:
         errors.report(f"Error loading script: {scriptfile.filename}", exc_info=True)
     finally:
         sys.path = syspath
@@ -268,7 +268,7 @@ def wrap_call(func, filename, funcname, *args, default=None, **kwargs):
     # mirrors wrap_call ~L533-539
     try:
         return func(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+    except Exception:
         errors.report(f"Error calling: {filename}/{funcname}", exc_info=True)
     return default
 
@@ -296,7 +296,7 @@ class ScriptRunner:
         for script_data in scripts_data:
             try:
                 script = script_data.script_class()
-            except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+            except Exception:
                 errors.report(f"Error # failed to initialize Script {script_data.module}: ", exc_info=True)
                 continue
 
@@ -333,7 +333,7 @@ class ScriptRunner:
         script.args_to = len(self.inputs)
         try:
             self.create_script_ui_inner(script)
-        except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+        except Exception:
             errors.report(f"Error creating UI for {script.name}: ", exc_info=True)
 
     def create_script_ui_inner(self, script):
@@ -395,7 +395,7 @@ class ScriptRunner:
 
         self.setup_ui_for_section(None)
 
-        dropdown = gr.Dropdown(label="Script", elem_id="script_list", choices=["None"] + self.titles, value="None", type="index")
+        dropdown = gr.Dropdown(label="Script", elem_id="script_list", choices=["None", *self.titles], value="None", type="index")
         self.inputs[0] = dropdown
 
         self.setup_ui_for_section(None, self.selectable_scripts)
@@ -435,7 +435,7 @@ class ScriptRunner:
             try:
                 script_args = p.script_args[script.args_from:script.args_to]
                 getattr(script, method_name)(p, *lead, *script_args, **kwargs)
-            except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+            except Exception:
                 errors.report(f"Error running {method_name}: {script.filename}", exc_info=True)
 
     # ~L820-996: one dispatcher per hook, same call shapes as the real ones
@@ -492,31 +492,31 @@ class ScriptRunner:
                 continue
             try:
                 script.setup(p, *p.script_args[script.args_from:script.args_to])
-            except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+            except Exception:
                 errors.report(f"Error running setup: {script.filename}", exc_info=True)
 
     def before_component(self, component, **kwargs):
         for callback, script in self.on_before_component_elem_id.get(kwargs.get("elem_id"), []):
             try:
                 callback(OnComponent(component=component))
-            except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+            except Exception:
                 errors.report(f"Error running on_before_component: {script.filename}", exc_info=True)
         for script in self.ordered_scripts('before_component'):
             try:
                 script.before_component(component, **kwargs)
-            except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+            except Exception:
                 errors.report(f"Error running before_component: {script.filename}", exc_info=True)
 
     def after_component(self, component, **kwargs):
         for callback, script in self.on_after_component_elem_id.get(getattr(component, "elem_id", None), []):
             try:
                 callback(OnComponent(component=component))
-            except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+            except Exception:
                 errors.report(f"Error running on_after_component: {script.filename}", exc_info=True)
         for script in self.ordered_scripts('after_component'):
             try:
                 script.after_component(component, **kwargs)
-            except Exception:  # noqa: BLE001 - the WebUI swallows and reports every exception here
+            except Exception:
                 errors.report(f"Error running after_component: {script.filename}", exc_info=True)
 
     def script(self, title):
