@@ -890,7 +890,7 @@ class UnetHook(nn.Module):
                 if outer.attention_auto_machine == AutoMachine.Read:
                     if self.bank:
                         style_cfg = sum(self.style_cfgs) / float(len(self.style_cfgs))
-                        with_bank = self.attn1(x_norm1, context=torch.cat([self_ctx] + self.bank, dim=1))
+                        with_bank = self.attn1(x_norm1, context=torch.cat([self_ctx, *self.bank], dim=1))
                         plain_uc = with_bank.clone()
                         uc = outer.current_uc_indices
                         if uc and style_cfg > 1e-5:
@@ -1041,9 +1041,7 @@ def enable_reference_only(unet: UNetModel, reference_latent: torch.Tensor, *, sd
                           extra_params: Sequence[ControlParams] = ()) -> UnetHook:
     """Hook ``unet`` like ControlNet does for one reference unit (plus ``extra_params``)."""
     hook = UnetHook()
-    params = list(extra_params) + [
-        reference_params(reference_latent, mode=mode, weight=weight, style_fidelity=style_fidelity)
-    ]
+    params = [*list(extra_params), reference_params(reference_latent, mode=mode, weight=weight, style_fidelity=style_fidelity)]
     hook.hook(model=unet, sd_ldm=sd_ldm if sd_ldm is not None else FakeSDModel(unet), control_params=params,
               process=None)
     return hook

@@ -60,19 +60,43 @@ def reinit_zero_modules(model: nn.Module, seed: int = 0, scale: float = 0.05) ->
     return model
 
 
+def _feed_one_context_to_every_block(unet: nn.Module) -> None:
+    """sgm's SpatialTransformer gives one context to each block of a deep transformer; this ldm wants a
+    list. Subclass (same name, same submodules) the deep ones so that SDXL-like layouts run."""
+    from ldm.modules.attention import SpatialTransformer as LdmSpatialTransformer
+
+    class SpatialTransformer(LdmSpatialTransformer):
+        def forward(self, x, context=None):
+            if not isinstance(context, list):
+                context = [context] * len(self.transformer_blocks)
+            return super().forward(x, context=context)
+
+    for module in unet.modules():
+        if type(module) is LdmSpatialTransformer:
+            module.__class__ = SpatialTransformer
+
+
 def make_unet(
     layout: str = "sd15", model_channels: int = 32, seed: int = 0, context_dim: int = 64, **overrides
 ) -> nn.Module:
-    """A real ldm ``UNetModel`` in the SD1.5 or SDXL-like layout, random weights, eval mode, float32."""
+    """A real ldm ``UNetModel`` in the SD1.5 or SDXL-like layout, random weights, eval mode, float32.
+
+    The global RNG is left as it was."""
     from ldm.modules.diffusionmodules.openaimodel import UNetModel
 
     install_unet_cat_hijack()
     install_sdp_attention()
-    torch.manual_seed(seed)
     if layout == "sd15":
         cfg = dict(attention_resolutions=[4, 2, 1], channel_mult=[1, 2, 4, 4], num_res_blocks=2, transformer_depth=1)
     elif layout == "sdxl":
-        cfg = dict(attention_resolutions=[4, 2], channel_mult=[1, 2, 4], num_res_blocks=2, transformer_depth=2)
+        cfg = dict(
+            attention_resolutions=[4, 2],
+            channel_mult=[1, 2, 4],
+            num_res_blocks=2,
+            transformer_depth=2,
+            context_dim=[context_dim, context_dim],  # this ldm wants one per block when depth > 1
+            use_linear_in_transformer=True,
+        )
     else:
         raise ValueError(layout)
     cfg.update(
@@ -82,12 +106,19 @@ def make_unet(
         model_channels=model_channels,
         num_head_channels=16,
         use_spatial_transformer=True,
-        context_dim=context_dim,
         use_checkpoint=False,
         legacy=False,
     )
+    cfg.setdefault("context_dim", context_dim)
     cfg.update(overrides)
-    return reinit_zero_modules(UNetModel(**cfg), seed).eval()
+    if "num_heads" in overrides:
+        cfg["num_head_channels"] = -1
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        unet = UNetModel(**cfg)
+    if layout == "sdxl":
+        _feed_one_context_to_every_block(unet)
+    return reinit_zero_modules(unet, seed).eval().requires_grad_(False)
 
 
 class Holder(nn.Module):

@@ -108,6 +108,7 @@ class Patch:
         self.root = root
         self.settings = settings
         self.size: tuple[int, int] | None = None
+        self.progress: float | None = None  # fraction of the sampling steps done, when the caller reports it
         self.forward_key = 0
         self.ordinal = 0
         self.current: _BlockCall | None = None
@@ -139,6 +140,10 @@ class Patch:
         if self.auto_downsample is None:  # no attention_resolutions: the first block of a forward is the highest level
             self.auto_downsample = level_downsample
         return self.auto_downsample
+
+    def set_progress(self, fraction: float | None) -> None:
+        """Report sampling progress (0 at the first step, 1 at the end); ``None`` when unknown."""
+        self.progress = fraction
 
     # --- hooks ------------------------------------------------------------------------------------
     def _install(self) -> None:

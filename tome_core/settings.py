@@ -159,11 +159,76 @@ class ToMeSettings:
         hint="ToMe stays off while the shorter image side is below this many pixels; the gain is nil around 512 px.",
     )
 
+    merge_controlnet: bool = _spec(
+        True,
+        kind="bool",
+        label="Merge in ControlNet models",
+        infotext="ToMe ControlNet",
+        hint="Also merge tokens inside the active ControlNet models, with the same settings.",
+    )
+    method: str = _spec(
+        "merge",
+        kind="choice",
+        label="Method",
+        infotext="ToMe method",
+        choices=METHOD_CHOICES,
+        hint="merge: the paper's token merging. downsample: keep every query, downsample keys and values (ToDo).",
+    )
+    downsample_factor: int = _spec(
+        2,
+        kind="int",
+        label="Key/value downsample factor",
+        infotext="ToMe downsample factor",
+        minimum=1,
+        maximum=8,
+        step=1,
+        hint="downsample method: keys and values are pooled by this factor per side at the first level.",
+    )
+    start: float = _spec(
+        0.0,
+        kind="float",
+        label="Start at (fraction of steps)",
+        infotext="ToMe start",
+        minimum=0.0,
+        maximum=1.0,
+        step=0.05,
+        hint="ToMe is active from this fraction of the sampling steps on.",
+    )
+    end: float = _spec(
+        1.0,
+        kind="float",
+        label="End at (fraction of steps)",
+        infotext="ToMe end",
+        minimum=0.0,
+        maximum=1.0,
+        step=0.05,
+        hint="ToMe is active until this fraction of the sampling steps (e.g. 0.7: off for the last 30%).",
+    )
+    share_plan: bool = _spec(
+        False,
+        kind="bool",
+        label="Share plan within a level",
+        infotext="ToMe share plan",
+        hint="Compute the merge plan once per UNet level and forward, and reuse it in that level's other blocks.",
+    )
+    plan_interval: int = _spec(
+        1,
+        kind="int",
+        label="Recompute plan every N steps",
+        infotext="ToMe plan interval",
+        minimum=1,
+        maximum=20,
+        step=1,
+        hint="Reuse merge plans across this many consecutive sampling steps.",
+    )
+
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, _coerce(f.name, getattr(self, f.name)))
         self.check_ratio(self.ratio, "ratio")
         self.check_ratio(self.hires_ratio, "hires_ratio")
+        if self.end <= self.start:
+            raise SettingsError("end", self.end, f"greater than start ({self.start:g}) and at most 1")
 
     # --- derived values -------------------------------------------------------------------------
     @property

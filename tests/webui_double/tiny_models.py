@@ -21,92 +21,20 @@
 import zlib
 
 import torch
+from models import install_unet_cat_hijack, make_unet
+
+__all__ = ["install_unet_cat_hijack", "make_tiny_sd15_unet", "make_tiny_sdxl_unet"]
 
 CONTEXT_DIM = 32
 TOKENS = 77
 
 
-class TorchHijackForUnetDouble:
-    """torch, except that ``cat`` of two tensors whose trailing 2 dims differ first resizes the first (nearest)."""
-
-    def __getattr__(self, item):
-        if item == "cat":
-            return self.cat
-        return getattr(torch, item)
-
-    def cat(self, tensors, *args, **kwargs):
-        if len(tensors) == 2:
-            a, b = tensors
-            if a.shape[-2:] != b.shape[-2:]:
-                a = torch.nn.functional.interpolate(a, b.shape[-2:], mode="nearest")
-            tensors = (a, b)
-        return torch.cat(tensors, *args, **kwargs)
-
-
-def install_unet_cat_hijack():
-    from ldm.modules.diffusionmodules import openaimodel
-
-    if not isinstance(openaimodel.th, TorchHijackForUnetDouble):
-        openaimodel.th = TorchHijackForUnetDouble()
-
-
-def _reinit_zero_modules(unet, scale=0.5):
-    from ldm.modules.attention import SpatialTransformer
-    from ldm.modules.diffusionmodules.openaimodel import ResBlock
-
-    targets = [unet.out[-1]]
-    for module in unet.modules():
-        if isinstance(module, SpatialTransformer):
-            targets.append(module.proj_out)
-        elif isinstance(module, ResBlock):
-            targets.append(module.out_layers[-1])
-    with torch.no_grad():
-        for layer in targets:
-            layer.reset_parameters()
-            layer.weight.mul_(scale)
-
-
-def _sgm_like_transformers(unet):
-    from ldm.modules.attention import SpatialTransformer as LdmSpatialTransformer
-
-    class SpatialTransformer(LdmSpatialTransformer):
-        """ldm SpatialTransformer that, like sgm's, feeds one context to every block of a deep transformer."""
-
-        def forward(self, x, context=None):
-            if not isinstance(context, list):
-                context = [context] * len(self.transformer_blocks)
-            return super().forward(x, context=context)
-
-    for module in unet.modules():
-        if type(module) is LdmSpatialTransformer:
-            module.__class__ = SpatialTransformer
-
-
-def _build_unet(seed, **kwargs):
-    from ldm.modules.diffusionmodules.openaimodel import UNetModel
-
-    install_unet_cat_hijack()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        unet = UNetModel(image_size=32, in_channels=4, out_channels=4, use_spatial_transformer=True,
-                         use_checkpoint=False, legacy=False, **kwargs)
-        _reinit_zero_modules(unet)
-    return unet.eval().requires_grad_(False)
-
-
 def make_tiny_sd15_unet(seed=0, *, model_channels=32, num_res_blocks=2):
-    return _build_unet(seed, model_channels=model_channels, num_res_blocks=num_res_blocks,
-                       attention_resolutions=[4, 2, 1], channel_mult=[1, 2, 4, 4], num_heads=8,
-                       transformer_depth=1, context_dim=CONTEXT_DIM)
+    return make_unet("sd15", model_channels, seed, CONTEXT_DIM, num_res_blocks=num_res_blocks, num_heads=8)
 
 
 def make_tiny_sdxl_unet(seed=0, *, model_channels=32, num_res_blocks=2):
-    unet = _build_unet(seed, model_channels=model_channels, num_res_blocks=num_res_blocks,
-                       attention_resolutions=[4, 2], channel_mult=[1, 2, 4], num_head_channels=8,
-                       transformer_depth=2, context_dim=[CONTEXT_DIM, CONTEXT_DIM],
-                       use_linear_in_transformer=True)
-    _sgm_like_transformers(unet)
-    return unet
+    return make_unet("sdxl", model_channels, seed, CONTEXT_DIM, num_res_blocks=num_res_blocks, num_head_channels=8)
 
 
 class DiffusionWrapper(torch.nn.Module):
