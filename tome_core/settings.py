@@ -224,7 +224,7 @@ class ToMeSettings:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            object.__setattr__(self, f.name, _coerce(f.name, getattr(self, f.name)))
+            object.__setattr__(self, f.name, coerce(f.name, getattr(self, f.name)))
         self.check_ratio(self.ratio, "ratio")
         self.check_ratio(self.hires_ratio, "hires_ratio")
         if self.end <= self.start:
@@ -259,7 +259,7 @@ def spec(name: str) -> FieldSpec:
 _BY_NAME = {f.name: f for f in FIELDS}
 
 
-def _coerce(name: str, value: Any) -> Any:
+def coerce(name: str, value: Any) -> Any:
     """Check one value against its field and return it in canonical type. Raises :class:`SettingsError`."""
     s = spec(name)
     if s.kind == "bool":

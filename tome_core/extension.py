@@ -1,0 +1,218 @@
+"""The WebUI extension's logic that needs no WebUI: per-generation state, infotext, paste-back, XYZ axes
+and the javascript hover hints, all derived from the settings record. ``scripts/tome.py`` wires it up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from . import settings as S
+from .patch import apply_settings, find_unet, get_patch, remove_patch, transformer_blocks
+from .settings import SettingsError, ToMeSettings
+
+log = logging.getLogger("tome_core")
+
+TITLE = "ToMe"
+ERROR_KEY = "ToMe error"
+NOTE_KEY = "ToMe note"
+BUILTIN_KEY = "ToMe replaced built-in ratio"
+JS_PATH = "javascript/tome.js"
+
+
+# --- arguments ------------------------------------------------------------------------------------
+
+
+def parse(args: Iterable[Any], overrides: dict[str, Any] | None = None) -> ToMeSettings:
+    """Settings from the script's arguments (positional, or one dict) plus XYZ overrides. Raises SettingsError."""
+    base = S.to_dict(S.from_args(list(args)))
+    return S.from_dict({**base, **(overrides or {})})
+
+
+def seed_for(settings: ToMeSettings, image_seed: int | None) -> int:
+    """The seed actually used: the setting, or the image seed where the setting is -1."""
+    if settings.seed >= 0 or image_seed is None:
+        return max(settings.seed, 0)
+    return int(image_seed) % 2**32
+
+
+# --- per-generation state ---------------------------------------------------------------------------
+
+
+class PatchRegistry:
+    """Every module this extension patched, so that one call removes them all, whatever happened since
+    (a checkpoint switch keeps the old model in the WebUI's cache, with its hooks)."""
+
+    def __init__(self) -> None:
+        self._roots: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+    def apply(self, model: nn.Module, settings: ToMeSettings) -> None:
+        root = find_unet(model)
+        apply_settings(root, settings)
+        self._roots.add(root)
+
+    def remove(self, model: nn.Module) -> None:
+        remove_patch(model)
+        self._roots.discard(find_unet(model))
+
+    def clear(self, *also: nn.Module | None) -> None:
+        """Remove our patch from every module we patched and from ``also`` (defensive: a reloaded script
+        has an empty registry but the model may still carry a patch of ours)."""
+        for root in [*self._roots, *(m for m in also if isinstance(m, nn.Module))]:
+            remove_patch(root)
+        self._roots.clear()
+
+    def set_progress(self, fraction: float | None) -> None:
+        """Report sampling progress to every live patch (the step schedule and plan reuse read it)."""
+        for root in list(self._roots):
+            patch = get_patch(root)
+            if patch is not None:
+                patch.set_progress(fraction)
+
+    def __len__(self) -> int:
+        return sum(1 for root in self._roots if get_patch(root) is not None)
+
+
+@dataclass
+class Run:
+    """What one generation (one XYZ cell) asked for and what happened."""
+
+    settings: ToMeSettings
+    hires: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def pass_settings(self, image_seed: int | None) -> ToMeSettings:
+        """Settings for the current sampling pass: the hires ratio in the hires pass, the real seed."""
+        s = self.settings
+        ratio = s.hires_ratio if self.hires and s.hires_ratio > 0 else s.ratio
+        return s.replace(ratio=ratio, seed=seed_for(s, image_seed))
+
+    def too_small(self, width: int, height: int) -> bool:
+        return 0 < min(width, height) < self.settings.min_size
+
+
+def infotext(settings: ToMeSettings, used_seed: int | None) -> dict[str, Any]:
+    """Infotext entries for an enabled run: ``ToMe: True`` and every field that differs from its default;
+    the seed actually used whenever the random partition is on."""
+    out: dict[str, Any] = {S.spec("enabled").infotext: True}
+    for name in S.NAMES:
+        if name == "enabled":
+            continue
+        value = getattr(settings, name)
+        if name == "seed" and settings.use_rand and used_seed is not None:
+            value = used_seed
+        elif value == getattr(S.DEFAULTS, name):
+            continue
+        out[S.spec(name).infotext] = value
+    return out
+
+
+def fill_pasted(params: dict[str, Any]) -> None:
+    """Complete pasted infotext params in place so that every control is restored: a ToMe infotext gets
+    the defaults it omitted; one without ToMe turns ToMe off."""
+    enabled_key = S.spec("enabled").infotext
+    if enabled_key not in params:
+        params[enabled_key] = "False"
+        return
+    for name in S.NAMES:
+        key = S.spec(name).infotext
+        params.setdefault(key, str(getattr(S.DEFAULTS, name)))
+
+
+def paste_fields(components: Iterable[Any]) -> list[tuple[Any, str]]:
+    """``(component, infotext key)`` pairs in field order, for ``Script.infotext_fields``."""
+    return [(c, S.spec(name).infotext) for c, name in zip(components, S.NAMES)]
+
+
+# --- XYZ --------------------------------------------------------------------------------------------
+
+
+OVERRIDES_ATTR = "tome_overrides"
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One XYZ axis: a label, the xyz value type, which fields a value sets, and the choices if any."""
+
+    label: str
+    type: type
+    fields: tuple[str, ...]
+    choices: tuple[str, ...] = ()
+
+    def values_for(self, value: Any) -> dict[str, Any]:
+        """Field values from one axis value (``"2x2"`` for the stride axis). Raises SettingsError."""
+        if self.fields == ("sx", "sy"):
+            parts = str(value).lower().replace("×", "x").split("x")
+            if len(parts) != 2:
+                raise SettingsError("stride", value, "'XxY' with X and Y from 1 to 8, e.g. 2x2")
+            return {"sx": S.coerce("sx", parts[0].strip()), "sy": S.coerce("sy", parts[1].strip())}
+        return {self.fields[0]: S.coerce(self.fields[0], value)}
+
+    def apply(self, p: Any, value: Any) -> None:
+        """Record the cell's value on (the shallow copy of) ``p`` without sharing the dict between cells."""
+        setattr(p, OVERRIDES_ATTR, {**getattr(p, OVERRIDES_ATTR, {}), **self.values_for(value)})
+
+    def confirm(self, values: Iterable[Any]) -> None:
+        for value in values:
+            self.values_for(value)
+
+
+def axes() -> list[Axis]:
+    """An axis for every setting (booleans as True/False choices), plus one for both strides."""
+    out = []
+    for name in S.NAMES:
+        s = S.spec(name)
+        label = f"[ToMe] {'Enabled' if name == 'enabled' else s.label}"
+        if s.kind == "bool":
+            out.append(Axis(label, str, (name,), ("True", "False")))
+        elif s.kind == "choice":
+            out.append(Axis(label, str, (name,), s.choices))
+        else:
+            out.append(Axis(label, int if s.kind == "int" else float, (name,)))
+    out.insert(5, Axis("[ToMe] Stride (XxY)", str, ("sx", "sy")))
+    return out
+
+
+# --- javascript hints --------------------------------------------------------------------------------
+
+
+def hints_js() -> str:
+    """The source of ``javascript/tome.js``: hover titles for every control, from the settings record."""
+    hints = {name: S.spec(name).hint for name in S.NAMES}
+    return (
+        "// Generated from tome_core/settings.py by `python -m tome_core.extension`; do not edit.\n"
+        "(function () {\n"
+        f"    const hints = {json.dumps(hints, indent=8, ensure_ascii=False)[:-1]}    }};\n"
+        "    function addTitles() {\n"
+        "        for (const tab of ['txt2img', 'img2img']) {\n"
+        "            for (const [name, hint] of Object.entries(hints)) {\n"
+        "                const el = gradioApp().getElementById(`script_${tab}_tome_${name}`);\n"
+        "                if (el && !el.title) el.title = hint;\n"
+        "            }\n"
+        "        }\n"
+        "    }\n"
+        "    onUiLoaded(addTitles);\n"
+        "})();\n"
+    )
+
+
+def has_transformer_blocks(model: nn.Module) -> bool:
+    return next(transformer_blocks(model), None) is not None
+
+
+def describe_error(error: Exception) -> str:
+    return str(error) if isinstance(error, SettingsError) else f"ToMe: {type(error).__name__}: {error}"
+
+
+if __name__ == "__main__":  # regenerate javascript/tome.js
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / JS_PATH
+    path.write_text(hints_js(), encoding="utf-8")
+    print(f"wrote {path}")
