@@ -316,8 +316,7 @@ class FakeSDModel(nn.Module):
         alphas_cumprod = _sd15_alphas_cumprod(timesteps)
         self.register_buffer("alphas_cumprod", alphas_cumprod.float(), persistent=False)
         self.register_buffer("sqrt_alphas_cumprod", alphas_cumprod.sqrt().float(), persistent=False)
-        self.register_buffer("sqrt_one_minus_alphas_cumprod", (1.0 - alphas_cumprod).sqrt().float(),
-                             persistent=False)
+        self.register_buffer("sqrt_one_minus_alphas_cumprod", (1.0 - alphas_cumprod).sqrt().float(), persistent=False)
 
 
 def _sd15_alphas_cumprod(timesteps: int = 1000) -> torch.Tensor:
@@ -440,14 +439,21 @@ class ControlNet(nn.Module):
         for level, mult in enumerate(channel_mult):
             for _ in range(self.num_res_blocks[level]):
                 blk: list[nn.Module] = [
-                    ResBlock(ch, emb_dim, 0.0, out_channels=mult * model_channels, dims=dims,
-                             use_checkpoint=use_checkpoint)
+                    ResBlock(
+                        ch, emb_dim, 0.0, out_channels=mult * model_channels, dims=dims, use_checkpoint=use_checkpoint
+                    )
                 ]
                 ch = mult * model_channels
                 if ds in self.attention_resolutions and transformer_depth[level] > 0:
                     blk.append(
-                        SpatialTransformer(ch, num_heads, ch // num_heads, depth=transformer_depth[level],
-                                           context_dim=context_dim, use_checkpoint=use_checkpoint)
+                        SpatialTransformer(
+                            ch,
+                            num_heads,
+                            ch // num_heads,
+                            depth=transformer_depth[level],
+                            context_dim=context_dim,
+                            use_checkpoint=use_checkpoint,
+                        )
                     )
                 self.input_blocks.append(TimestepEmbedSequential(*blk))
                 self.zero_convs.append(self._zero_conv(ch))
@@ -459,8 +465,9 @@ class ControlNet(nn.Module):
         # Middle block: ResBlock, SpatialTransformer, ResBlock (cldm.py ~259-281)
         self.middle_block = TimestepEmbedSequential(
             ResBlock(ch, emb_dim, 0.0, dims=dims, use_checkpoint=use_checkpoint),
-            SpatialTransformer(ch, num_heads, ch // num_heads, depth=1, context_dim=context_dim,
-                               use_checkpoint=use_checkpoint),
+            SpatialTransformer(
+                ch, num_heads, ch // num_heads, depth=1, context_dim=context_dim, use_checkpoint=use_checkpoint
+            ),
             ResBlock(ch, emb_dim, 0.0, dims=dims, use_checkpoint=use_checkpoint),
         )
         self.middle_block_out = self._zero_conv(ch)
@@ -578,8 +585,9 @@ class PlugableAdapter(nn.Module):
         return None
 
 
-def make_control_net(*, context_dim: int = 32, model_channels: int = 32, seed: int = 100,
-                     zero_scale: float = 0.5, **kwargs) -> PlugableControlModel:
+def make_control_net(
+    *, context_dim: int = 32, model_channels: int = 32, seed: int = 100, zero_scale: float = 0.5, **kwargs
+) -> PlugableControlModel:
     """A ``PlugableControlModel`` around a tiny ``ControlNet`` matching ``make_tiny_unet`` (same ``context_dim`` and
     ``model_channels``).  Zero convs / zero_module layers re-initialised with ``zero_scale``.  Hint: 3 x (8H) x (8W)
     for a latent of H x W."""
@@ -737,9 +745,15 @@ class UnetHook(nn.Module):
             self.model.current_sampling_percent = pct
 
     # ----------------------------------------------------------------------------------------------------------
-    def hook(self, model: UNetModel, sd_ldm: Any = None, control_params: list[ControlParams] | None = None,
-             process: Any = None, batch_option_uint_separate: bool = False,
-             batch_option_style_align: bool = False) -> None:
+    def hook(
+        self,
+        model: UNetModel,
+        sd_ldm: Any = None,
+        control_params: list[ControlParams] | None = None,
+        process: Any = None,
+        batch_option_uint_separate: bool = False,
+        batch_option_style_align: bool = False,
+    ) -> None:
         self.model = model
         self.sd_ldm = sd_ldm
         self.control_params = list(control_params or [])
@@ -774,8 +788,10 @@ class UnetHook(nn.Module):
 
             # reference images need a latent (hook.py ~539-547)
             for param in outer.control_params:
-                if param.used_hint_cond_latent is None and \
-                        param.control_model_type == ControlModelType.AttentionInjection:
+                if (
+                    param.used_hint_cond_latent is None
+                    and param.control_model_type == ControlModelType.AttentionInjection
+                ):
                     param.used_hint_cond_latent = outer.encode_hint(process, param.used_hint_cond, batch_size)
 
             # ControlNet / T2I adapter residuals (hook.py ~576-688)
@@ -790,8 +806,9 @@ class UnetHook(nn.Module):
                 if hint.shape[1] == 4:  # inpaint protocol (hook.py ~607)
                     masked = (hint[:, 3:4] > 0.5).to(hint.dtype)
                     hint = hint[:, :3] * (1 - masked) - masked
-                control = param.control_model(x=x, hint=hint, timesteps=timesteps, context=context, y=y,
-                                              control_type=None)
+                control = param.control_model(
+                    x=x, hint=hint, timesteps=timesteps, context=context, y=y, control_type=None
+                )
                 n = 13 if kind.is_controlnet else 4
                 scales = [param.weight] * n
                 if param.cfg_injection or param.global_average_pooling:
@@ -830,8 +847,10 @@ class UnetHook(nn.Module):
             for param in outer.control_params:
                 if param.guidance_stopped or param.disabled_by_hr_option(outer.is_in_high_res_fix):
                     continue
-                if param.used_hint_cond_latent is None or \
-                        param.control_model_type != ControlModelType.AttentionInjection:
+                if (
+                    param.used_hint_cond_latent is None
+                    or param.control_model_type != ControlModelType.AttentionInjection
+                ):
                     continue
                 ref_xt = _q_sample(outer.sd_ldm, param.used_hint_cond_latent, torch.round(timesteps.float()).long())
                 fidelity = min(1.0, max(0.0, float(param.preprocessor["threshold_a"])))
@@ -883,8 +902,10 @@ class UnetHook(nn.Module):
                 attn_out = self.attn1(x_norm1, context=context)
             else:
                 self_ctx = x_norm1
-                if outer.attention_auto_machine == AutoMachine.Write and \
-                        outer.attention_auto_machine_weight > self.attn_weight:
+                if (
+                    outer.attention_auto_machine == AutoMachine.Write
+                    and outer.attention_auto_machine_weight > self.attn_weight
+                ):
                     self.bank.append(self_ctx.detach().clone())
                     self.style_cfgs.append(outer.current_style_fidelity)
                 if outer.attention_auto_machine == AutoMachine.Read:
@@ -898,9 +919,11 @@ class UnetHook(nn.Module):
                         attn_out = style_cfg * plain_uc + (1.0 - style_cfg) * with_bank
                     self.bank, self.style_cfgs = [], []
                 if outer.attention_auto_machine == AutoMachine.StyleAlign and not outer.is_in_high_res_fix:
+
                     def shared(rows):
                         b, n, c = rows.shape
                         return self.attn1(rows.reshape(1, b * n, c)).reshape(b, n, c)
+
                     uc_out = shared(x_norm1[outer.current_uc_indices])
                     c_out = shared(x_norm1[outer.current_c_indices])
                     attn_out = torch.zeros_like(x_norm1).to(uc_out)
@@ -1015,9 +1038,15 @@ def clear_all_secondary_control_models(unet: nn.Module) -> None:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def reference_params(reference_latent: torch.Tensor, *, mode: str = "reference_only", weight: float = 1.0,
-                     style_fidelity: float = 0.5, cfg_injection: bool = False,
-                     soft_injection: bool = False) -> ControlParams:
+def reference_params(
+    reference_latent: torch.Tensor,
+    *,
+    mode: str = "reference_only",
+    weight: float = 1.0,
+    style_fidelity: float = 0.5,
+    cfg_injection: bool = False,
+    soft_injection: bool = False,
+) -> ControlParams:
     """A reference unit as controlnet.py builds it (~912-917, ~1034): ``control_model=None``, type
     AttentionInjection, preprocessor ``mode`` (``reference_only`` / ``reference_adain`` /
     ``reference_adain+attn``) with ``threshold_a`` = style fidelity.  The latent is preset (the hook then skips
@@ -1036,14 +1065,25 @@ def reference_params(reference_latent: torch.Tensor, *, mode: str = "reference_o
     return param
 
 
-def enable_reference_only(unet: UNetModel, reference_latent: torch.Tensor, *, sd_ldm: Any = None,
-                          mode: str = "reference_only", weight: float = 1.0, style_fidelity: float = 0.5,
-                          extra_params: Sequence[ControlParams] = ()) -> UnetHook:
+def enable_reference_only(
+    unet: UNetModel,
+    reference_latent: torch.Tensor,
+    *,
+    sd_ldm: Any = None,
+    mode: str = "reference_only",
+    weight: float = 1.0,
+    style_fidelity: float = 0.5,
+    extra_params: Sequence[ControlParams] = (),
+) -> UnetHook:
     """Hook ``unet`` like ControlNet does for one reference unit (plus ``extra_params``)."""
     hook = UnetHook()
-    params = [*list(extra_params), reference_params(reference_latent, mode=mode, weight=weight, style_fidelity=style_fidelity)]
-    hook.hook(model=unet, sd_ldm=sd_ldm if sd_ldm is not None else FakeSDModel(unet), control_params=params,
-              process=None)
+    params = [
+        *list(extra_params),
+        reference_params(reference_latent, mode=mode, weight=weight, style_fidelity=style_fidelity),
+    ]
+    hook.hook(
+        model=unet, sd_ldm=sd_ldm if sd_ldm is not None else FakeSDModel(unet), control_params=params, process=None
+    )
     return hook
 
 
@@ -1118,7 +1158,7 @@ class ControlNetScript:
         units = self.units
         args = getattr(p, "script_args", None)
         if args is not None and self.args_from is not None:
-            units = [u for u in args[self.args_from:self.args_to] if isinstance(u, ControlNetUnit)]
+            units = [u for u in args[self.args_from : self.args_to] if isinstance(u, ControlNetUnit)]
         return [u for u in units if u.enabled]
 
     def controlnet_main_entry(self, p: Any) -> None:
@@ -1142,7 +1182,8 @@ class ControlNetScript:
                 model_net = None
             else:
                 kind = unit.control_model_type or (
-                    ControlModelType.T2I_Adapter if isinstance(unit.model, PlugableAdapter)
+                    ControlModelType.T2I_Adapter
+                    if isinstance(unit.model, PlugableAdapter)
                     else ControlModelType.ControlNet
                 )
                 # controlnet.py ~426: cached models are handed out as a shallow copy of the wrapper
@@ -1157,8 +1198,9 @@ class ControlNetScript:
                 stop_guidance_percent=unit.guidance_end,
                 advanced_weighting=unit.advanced_weighting,
                 control_model_type=kind,
-                global_average_pooling=bool(kind.is_controlnet
-                                            and getattr(model_net.control_model, "global_average_pooling", False)),
+                global_average_pooling=bool(
+                    kind.is_controlnet and getattr(model_net.control_model, "global_average_pooling", False)
+                ),
                 soft_injection=unit.control_mode != "Balanced",
                 cfg_injection=unit.control_mode == "ControlNet is more important",
             )

@@ -72,7 +72,8 @@ def test_controlnet_hook_adds_residuals_and_restore_is_exact(models):
 
     seen = []
     handle = cn.control_model.register_forward_pre_hook(
-        lambda m, a, kw: seen.append((len(a), sorted(kw))), with_kwargs=True)
+        lambda m, a, kw: seen.append((len(a), sorted(kw))), with_kwargs=True
+    )
     hook = cnd.UnetHook()
     param = cnd.ControlParams(control_model=cn, hint_cond=hint, weight=0.7)
     hook.hook(model=unet, sd_ldm=cnd.FakeSDModel(unet), control_params=[param], process=None)
@@ -103,8 +104,9 @@ def test_adapter_features_are_added_after_input_blocks(models):
     unet, _, adapter = models
     x, t, ctx, hint = _inputs()
     hook = cnd.UnetHook()
-    param = cnd.ControlParams(control_model=adapter, hint_cond=hint, weight=0.5,
-                              control_model_type=cnd.ControlModelType.T2I_Adapter)
+    param = cnd.ControlParams(
+        control_model=adapter, hint_cond=hint, weight=0.5, control_model_type=cnd.ControlModelType.T2I_Adapter
+    )
     hook.hook(model=unet, sd_ldm=None, control_params=[param])
     try:
         hooked = unet(x, t, context=ctx)
@@ -137,9 +139,12 @@ def test_reference_only_sets_and_removes_instance_forward(models):
         # read pass: self-attention sees x_norm1 concatenated with the banked reference tokens
         ctx_lens = []
         attn1 = [b.attn1 for b in blocks]
-        handles = [a.register_forward_pre_hook(
-            lambda m, a, kw: ctx_lens.append((a[0].shape[1], kw["context"].shape[1])), with_kwargs=True)
-            for a in attn1]
+        handles = [
+            a.register_forward_pre_hook(
+                lambda m, a, kw: ctx_lens.append((a[0].shape[1], kw["context"].shape[1])), with_kwargs=True
+            )
+            for a in attn1
+        ]
         torch.manual_seed(0)
         try:
             hooked = unet(x, t, context=ctx)
@@ -148,7 +153,7 @@ def test_reference_only_sets_and_removes_instance_forward(models):
                 h.remove()
         assert len(ctx_lens) == 2 * len(blocks)  # write pass + read pass
         assert ctx_lens[: len(blocks)] == [(n, n) for n, _ in ctx_lens[: len(blocks)]]
-        assert ctx_lens[len(blocks):] == [(n, 2 * n) for n, _ in ctx_lens[len(blocks):]]
+        assert ctx_lens[len(blocks) :] == [(n, 2 * n) for n, _ in ctx_lens[len(blocks) :]]
         assert not torch.allclose(hooked, plain, atol=1e-4)
     finally:
         cnd.disable_reference_only(unet, hook)
@@ -241,8 +246,7 @@ def test_control_net_is_built_from_ldm_blocks(models):
     _, cn, _ = models
     net = cn.control_model
     names = {type(m).__name__ for m in net.modules()}
-    assert {"TimestepEmbedSequential", "ResBlock", "Downsample", "SpatialTransformer",
-            "BasicTransformerBlock"} <= names
+    assert {"TimestepEmbedSequential", "ResBlock", "Downsample", "SpatialTransformer", "BasicTransformerBlock"} <= names
     assert len(net.input_blocks) == len(net.zero_convs) == 12
     assert all(z[0].weight.abs().sum() > 0 for z in net.zero_convs)
     assert any(isinstance(m, CrossAttention) for m in net.modules())

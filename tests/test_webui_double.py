@@ -1,4 +1,5 @@
 """Tests of the WebUI 1.10.1 test double itself (tests/webui_double)."""
+
 import inspect
 import json
 import os
@@ -116,9 +117,17 @@ def test_ui_slots_and_hook_order(webui):
     assert webui.inputs[1].accordion.open is False and webui.inputs[1].visible is False
     p = harness.make_txt2img(webui, [0, True, 0.3, "b"], enable_hr=True, hr_scale=1.5)
     res = processing.process_images(p)
-    assert names(Recorder.calls) == ["setup", "before_process", "process", "process_batch",
-                                     "process_before_every_sampling", "before_hr",
-                                     "process_before_every_sampling", "postprocess_batch", "postprocess"]
+    assert names(Recorder.calls) == [
+        "setup",
+        "before_process",
+        "process",
+        "process_batch",
+        "process_before_every_sampling",
+        "before_hr",
+        "process_before_every_sampling",
+        "postprocess_batch",
+        "postprocess",
+    ]
     assert all(args == (True, 0.3, "b") for _, args in Recorder.calls)
     assert res.images[0].size == (96, 96)
 
@@ -201,8 +210,9 @@ def test_img2img_ratio_and_odd_latent_size(webui):
 
     shared.opts.token_merging_ratio = 0.2
     shared.opts.token_merging_ratio_img2img = 0.4
-    p = processing.StableDiffusionProcessingImg2Img(init_images=[Image.new("RGB", (72, 56), "red")], prompt="x",
-                                                   steps=2, width=72, height=56, seed=3)
+    p = processing.StableDiffusionProcessingImg2Img(
+        init_images=[Image.new("RGB", (72, 56), "red")], prompt="x", steps=2, width=72, height=56, seed=3
+    )
     assert p.get_token_merging_ratio() == 0.4 and p.get_token_merging_ratio(for_hr=True) == 0.4
     p.override_settings = {"token_merging_ratio": 0.2}
     assert p.get_token_merging_ratio() == 0.2
@@ -214,11 +224,11 @@ def test_img2img_ratio_and_odd_latent_size(webui):
 def test_init_script_args_semantics(webui):
     defaults = api.init_default_script_args(webui)
     rec = next(s for s in webui.alwayson_scripts if isinstance(s, Recorder))
-    assert defaults[rec.args_from:rec.args_to] == [False, 0.5, "a"]
+    assert defaults[rec.args_from : rec.args_to] == [False, 0.5, "a"]
     args = api.init_script_args({"recorder EXT": {"args": [True]}}, webui, defaults)
-    assert args[rec.args_from:rec.args_to] == [True, 0.5, "a"]
+    assert args[rec.args_from : rec.args_to] == [True, 0.5, "a"]
     args = api.init_script_args({"Recorder Ext": {"args": ["yes", 7, "c", "extra"]}}, webui, defaults)
-    assert args[rec.args_from:rec.args_to] == ["yes", 7, "c"] and len(args) == len(defaults)
+    assert args[rec.args_from : rec.args_to] == ["yes", 7, "c"] and len(args) == len(defaults)
     with pytest.raises(api.HTTPException) as e:
         api.init_script_args({"nope": {"args": []}}, webui, defaults)
     assert e.value.status_code == 422
@@ -226,9 +236,20 @@ def test_init_script_args_semantics(webui):
         api.init_script_args({"X/Y/Z plot": {"args": []}}, webui, defaults)
     info = api.script_info_entries(rec)
     assert [(a["label"], a["value"], a["minimum"], a["maximum"], a["step"]) for a in info[:2]] == [
-        ("Recorder", False, None, None, None), ("Ratio", 0.5, 0.0, 0.9, 0.05)]
-    out = api.text2imgapi({"prompt": "a", "steps": 2, "width": 64, "height": 64,
-                           "alwayson_scripts": {"recorder ext": {"args": [True, 0.25]}}}, webui, defaults)
+        ("Recorder", False, None, None, None),
+        ("Ratio", 0.5, 0.0, 0.9, 0.05),
+    ]
+    out = api.text2imgapi(
+        {
+            "prompt": "a",
+            "steps": 2,
+            "width": 64,
+            "height": 64,
+            "alwayson_scripts": {"recorder ext": {"args": [True, 0.25]}},
+        },
+        webui,
+        defaults,
+    )
     assert json.loads(out["info"])["extra_generation_params"]["Rec ratio"] == 0.25
     assert Recorder.calls[0] == ("setup", (True, 0.25, "a"))
 

@@ -4,6 +4,7 @@ Real order (webui.py / modules/initialize.py / modules/ui.py): load_scripts() ->
 -> script_callbacks.before_ui_callback() -> ui.create_ui(): per tab ``initialize_scripts(is_img2img)``,
 ``prepare_ui()``, sections, ``setup_ui()`` -> api defaults (init_default_script_args calls ui() again).
 """
+
 import os
 
 import gradio as gr
@@ -68,8 +69,18 @@ def make_txt2img(runner=None, script_args=None, **kwargs):
     from modules import processing
 
     runner = runner or scripts.scripts_txt2img
-    defaults = {"prompt": "a cat", "negative_prompt": "", "steps": 3, "width": 64, "height": 64, "seed": 1, "cfg_scale": 7.0,
-                    "sampler_name": "Euler", "do_not_save_samples": True, "do_not_save_grid": True}
+    defaults = {
+        "prompt": "a cat",
+        "negative_prompt": "",
+        "steps": 3,
+        "width": 64,
+        "height": 64,
+        "seed": 1,
+        "cfg_scale": 7.0,
+        "sampler_name": "Euler",
+        "do_not_save_samples": True,
+        "do_not_save_grid": True,
+    }
     defaults.update(kwargs)
     p = processing.StableDiffusionProcessingTxt2Img(**defaults)
     p.scripts = runner

@@ -18,6 +18,7 @@
   ~L1310-1349, crossattn branch), SD's scaled-linear ``alphas_cumprod``, ``apply_model``, a deterministic
   prompt -> context "text encoder", and a fake VAE (decode = nearest x8 upsample of 3 latent channels).
 """
+
 import zlib
 
 import torch
@@ -81,13 +82,14 @@ class TinySdModel(torch.nn.Module):
         self.sd_model_checkpoint = self.sd_checkpoint_info.filename
         self.sd_model_hash = self.sd_checkpoint_info.shorthash
         self.lowvram = False
-        betas = torch.linspace(0.00085 ** 0.5, 0.012 ** 0.5, 1000, dtype=torch.float64) ** 2
+        betas = torch.linspace(0.00085**0.5, 0.012**0.5, 1000, dtype=torch.float64) ** 2
         self.register_buffer("alphas_cumprod", torch.cumprod(1.0 - betas, dim=0).float(), persistent=False)
         self.unet_calls = 0
         """test-only: number of UNet forward calls (incremented in apply_model)"""
 
     def ema_scope(self):
         import contextlib
+
         return contextlib.nullcontext()
 
     def apply_model(self, x_noisy, t, cond):

@@ -12,6 +12,7 @@ dicts are shared with p and with the other cells), ``styles`` copied, axis ``app
 ``process_images(pc)`` inside try/except that only displays the error and returns an empty Processed.
 Left out: the grid drawing, value ranges syntax, the gradio UI (ui() returns no controls).
 """
+
 from copy import copy
 
 from modules import errors, scripts, shared
@@ -22,6 +23,7 @@ from modules.shared import opts, state
 def apply_field(field):
     def fun(p, x, xs):
         setattr(p, field, x)
+
     return fun
 
 
@@ -30,12 +32,14 @@ def apply_override(field, boolean: bool = False):
         if boolean:
             x = x.lower() == "true"
         p.override_settings[field] = x
+
     return fun
 
 
 def boolean_choice(reverse: bool = False):
     def choice():
         return ["False", "True"] if reverse else ["True", "False"]
+
     return choice
 
 
@@ -68,11 +72,22 @@ def confirm_range(min_val, max_val, axis_label):
         for x in xs:
             if not (max_val >= x >= min_val):
                 raise ValueError(f'{axis_label} value "{x}" out of range [{min_val}, {max_val}]')
+
     return confirm_range_fun
 
 
 class AxisOption:
-    def __init__(self, label, type, apply, format_value=format_value_add_label, confirm=None, cost=0.0, choices=None, prepare=None):
+    def __init__(
+        self,
+        label,
+        type,
+        apply,
+        format_value=format_value_add_label,
+        confirm=None,
+        cost=0.0,
+        choices=None,
+        prepare=None,
+    ):
         self.label = label
         self.type = type
         self.apply = apply
@@ -105,8 +120,8 @@ axis_options = [
     AxisOption("CFG Scale", float, apply_field("cfg_scale")),
     AxisOptionImg2Img("Image CFG Scale", float, apply_field("image_cfg_scale")),
     AxisOptionImg2Img("Denoising", float, apply_field("denoising_strength")),
-    AxisOption("Token merging ratio", float, apply_override('token_merging_ratio')),
-    AxisOption("Token merging ratio high-res", float, apply_override('token_merging_ratio_hr')),
+    AxisOption("Token merging ratio", float, apply_override("token_merging_ratio")),
+    AxisOption("Token merging ratio high-res", float, apply_override("token_merging_ratio_hr")),
 ]
 
 

@@ -1,4 +1,5 @@
 """Double of modules/devices.py (WebUI 1.10.1): CPU only."""
+
 import contextlib
 
 import torch

@@ -4,6 +4,7 @@
 ``report`` (~L38-50). Every call is also appended to ``reported`` so tests can assert that an
 exception was swallowed-and-logged instead of propagated.
 """
+
 import sys
 import textwrap
 import traceback

@@ -1,4 +1,5 @@
 """Old name of modules/infotext_utils.py (the real one registers this alias in sys.modules, ~L14)."""
+
 import sys
 
 from modules import infotext_utils

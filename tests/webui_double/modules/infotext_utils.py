@@ -18,6 +18,7 @@
 - ``apply_paste_fields(paste_fields, text_or_params)`` returns ``{component: new_value}`` for the components
   that receive a value (test convenience on top of paste_func_updates).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,7 @@ import gradio as gr
 
 from modules import errors, script_callbacks, shared
 
-sys.modules.setdefault('modules.generation_parameters_copypaste', sys.modules[__name__])
+sys.modules.setdefault("modules.generation_parameters_copypaste", sys.modules[__name__])
 
 re_param = re.compile(r'\s*(\w[\w \-/]+):\s*("(?:\\.|[^\\"])+"|[^,]*)(?:,|$)')
 re_imagesize = re.compile(r"^(\d+)x(\d+)$")
@@ -52,7 +53,7 @@ paste_fields: dict[str, dict] = {}
 
 
 def quote(text):
-    if ',' not in str(text) and '\n' not in str(text) and ':' not in str(text):
+    if "," not in str(text) and "\n" not in str(text) and ":" not in str(text):
         return text
     return json.dumps(text, ensure_ascii=False)
 
@@ -68,15 +69,15 @@ def unquote(text):
 
 def _restore_old_hires_fix_params(res):
     # ~L202-231 (only the 'First pass size' conversion)
-    fw, fh = res.get('First pass size-1'), res.get('First pass size-2')
+    fw, fh = res.get("First pass size-1"), res.get("First pass size-2")
     if fw is None or fh is None:
         return
     fw, fh = int(fw), int(fh)
     width, height = int(res.get("Size-1", 512)), int(res.get("Size-2", 512))
     if fw == 0 or fh == 0:
         return
-    res['Size-1'], res['Size-2'] = fw, fh
-    res['Hires resize-1'], res['Hires resize-2'] = width, height
+    res["Size-1"], res["Size-2"] = fw, fh
+    res["Hires resize-1"], res["Hires resize-2"] = width, height
 
 
 def parse_generation_parameters(x: str, skip_fields: list[str] | None = None):
@@ -91,7 +92,7 @@ def parse_generation_parameters(x: str, skip_fields: list[str] | None = None):
     *lines, lastline = x.strip().split("\n")
     if len(re_param.findall(lastline)) < 3:
         lines.append(lastline)
-        lastline = ''
+        lastline = ""
 
     for line in lines:
         line = line.strip()
@@ -114,7 +115,7 @@ def parse_generation_parameters(x: str, skip_fields: list[str] | None = None):
             else:
                 res[k] = v
         except Exception:
-            print(f"Error parsing \"{k}: {v}\"")
+            print(f'Error parsing "{k}: {v}"')
 
     res["Prompt"] = prompt
     res["Negative prompt"] = negative_prompt
@@ -124,18 +125,31 @@ def parse_generation_parameters(x: str, skip_fields: list[str] | None = None):
     if "Hires resize-1" not in res:  # both set together, like the real (~L315-317)
         res["Hires resize-1"] = 0
         res["Hires resize-2"] = 0
-    for key, value in [("Hires sampler", "Use same sampler"), ("Hires schedule type", "Use same scheduler"),
-                       ("Hires checkpoint", "Use same checkpoint"), ("Hires prompt", ""),
-                       ("Hires negative prompt", ""), ("Mask mode", "Inpaint masked"),
-                       ("Masked content", 'original'), ("Inpaint area", "Whole picture"),
-                       ("Masked area padding", 32)]:
+    for key, value in [
+        ("Hires sampler", "Use same sampler"),
+        ("Hires schedule type", "Use same scheduler"),
+        ("Hires checkpoint", "Use same checkpoint"),
+        ("Hires prompt", ""),
+        ("Hires negative prompt", ""),
+        ("Mask mode", "Inpaint masked"),
+        ("Masked content", "original"),
+        ("Inpaint area", "Whole picture"),
+        ("Masked area padding", 32),
+    ]:
         if key not in res:
             res[key] = value
     _restore_old_hires_fix_params(res)
 
-    for key, value in [("RNG", "GPU"), ("Schedule type", "Automatic"), ("Schedule max sigma", 0),
-                       ("Schedule min sigma", 0), ("Schedule rho", 0), ("VAE Encoder", "Full"),
-                       ("VAE Decoder", "Full"), ("FP8 weight", "Disable")]:
+    for key, value in [
+        ("RNG", "GPU"),
+        ("Schedule type", "Automatic"),
+        ("Schedule max sigma", 0),
+        ("Schedule min sigma", 0),
+        ("Schedule rho", 0),
+        ("VAE Encoder", "Full"),
+        ("VAE Decoder", "Full"),
+        ("FP8 weight", "Disable"),
+    ]:
         if key not in res:
             res[key] = value
     if "Cache FP16 weight for LoRA" not in res and res["FP8 weight"] != "Disable":

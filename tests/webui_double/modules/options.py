@@ -9,13 +9,27 @@ Behaviour kept from the real file:
 - ``opts.add_option(key, info)`` registers and seeds ``data`` (~L256-260), as extensions do in on_ui_settings.
 Freezing flags, saving/loading and the settings UI are left out.
 """
+
 from typing import ClassVar
 
 
 class OptionInfo:
     # mirrors modules/options.py OptionInfo ~L13-58 (same constructor arguments, chainable helpers)
-    def __init__(self, default=None, label="", component=None, component_args=None, onchange=None, section=None,
-                 refresh=None, comment_before='', comment_after='', infotext=None, restrict_api=False, category_id=None):
+    def __init__(
+        self,
+        default=None,
+        label="",
+        component=None,
+        component_args=None,
+        onchange=None,
+        section=None,
+        refresh=None,
+        comment_before="",
+        comment_after="",
+        infotext=None,
+        restrict_api=False,
+        category_id=None,
+    ):
         self.default = default
         self.label = label
         self.component = component
@@ -85,7 +99,7 @@ class Options:
             if info is not None and info.do_not_save:
                 return
             comp_args = info.component_args if info else None
-            if isinstance(comp_args, dict) and comp_args.get('visible', True) is False:
+            if isinstance(comp_args, dict) and comp_args.get("visible", True) is False:
                 raise RuntimeError(f"not possible to set '{key}' because it is restricted")
             self.data[key] = value
             return
@@ -120,6 +134,7 @@ class Options:
                 option.onchange()
             except Exception as e:
                 from modules import errors
+
                 errors.display(e, f"changing setting {key} to {value}")
                 setattr(self, key, old)
                 return False

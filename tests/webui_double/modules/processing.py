@@ -32,6 +32,7 @@ StableDiffusionProcessingTxt2Img.sample_hr_pass ~L1364-1464 (hires fix, latent u
 Simplified: no VAE (TinySdModel fakes it), no saving, no face restoration/color correction/masks/inpainting,
 no styles, no extra networks parsing, no prompt editing/attention syntax, no refiner, pixel upscalers absent.
 """
+
 from __future__ import annotations
 
 import json
@@ -149,7 +150,7 @@ class StableDiffusionProcessing:
     sampler_index: int = None
     refiner_checkpoint: str = None
     refiner_switch_at: float = None
-    token_merging_ratio = 0         # class attributes, NOT constructor fields (same as the real dataclass ~L179)
+    token_merging_ratio = 0  # class attributes, NOT constructor fields (same as the real dataclass ~L179)
     token_merging_ratio_hr = 0
     disable_extra_networks: bool = False
     firstpass_image: Any = None
@@ -207,7 +208,7 @@ class StableDiffusionProcessing:
         self.s_min_uncond = self.s_min_uncond if self.s_min_uncond is not None else opts.s_min_uncond
         self.s_churn = self.s_churn if self.s_churn is not None else opts.s_churn
         self.s_tmin = self.s_tmin if self.s_tmin is not None else opts.s_tmin
-        self.s_tmax = (self.s_tmax if self.s_tmax is not None else opts.s_tmax) or float('inf')
+        self.s_tmax = (self.s_tmax if self.s_tmax is not None else opts.s_tmax) or float("inf")
         self.s_noise = self.s_noise if self.s_noise is not None else opts.s_noise
 
     # ~L261-294: p.sd_model is a property (installed below the class, as the dataclass field of the same
@@ -257,7 +258,12 @@ class StableDiffusionProcessing:
     def get_token_merging_ratio(self, for_hr=False):
         # ~L412-416
         if for_hr:
-            return self.token_merging_ratio_hr or opts.token_merging_ratio_hr or self.token_merging_ratio or opts.token_merging_ratio
+            return (
+                self.token_merging_ratio_hr
+                or opts.token_merging_ratio_hr
+                or self.token_merging_ratio
+                or opts.token_merging_ratio
+            )
         return self.token_merging_ratio or opts.token_merging_ratio
 
     def setup_prompts(self):
@@ -273,7 +279,9 @@ class StableDiffusionProcessing:
         else:
             self.all_negative_prompts = [self.negative_prompt] * len(self.all_prompts)
         if len(self.all_prompts) != len(self.all_negative_prompts):
-            raise RuntimeError(f"Received a different number of prompts ({len(self.all_prompts)}) and negative prompts ({len(self.all_negative_prompts)})")
+            raise RuntimeError(
+                f"Received a different number of prompts ({len(self.all_prompts)}) and negative prompts ({len(self.all_negative_prompts)})"
+            )
         self.main_prompt = self.all_prompts[0]
         self.main_negative_prompt = self.all_negative_prompts[0]
 
@@ -304,9 +312,21 @@ StableDiffusionProcessing.sd_model = property(_get_sd_model, _set_sd_model)
 
 
 class Processed:
-    def __init__(self, p: StableDiffusionProcessing, images_list, seed=-1, info="", subseed=None, all_prompts=None,
-                 all_negative_prompts=None, all_seeds=None, all_subseeds=None, index_of_first_image=0, infotexts=None,
-                 comments=""):
+    def __init__(
+        self,
+        p: StableDiffusionProcessing,
+        images_list,
+        seed=-1,
+        info="",
+        subseed=None,
+        all_prompts=None,
+        all_negative_prompts=None,
+        all_seeds=None,
+        all_subseeds=None,
+        index_of_first_image=0,
+        infotexts=None,
+        comments="",
+    ):
         # ~L516-569
         self.images = images_list
         self.prompt = p.prompt
@@ -320,7 +340,7 @@ class Processed:
         self.height = p.height
         self.sampler_name = p.sampler_name
         self.cfg_scale = p.cfg_scale
-        self.image_cfg_scale = getattr(p, 'image_cfg_scale', None)
+        self.image_cfg_scale = getattr(p, "image_cfg_scale", None)
         self.steps = p.steps
         self.batch_size = p.batch_size
         self.restore_faces = p.restore_faces
@@ -331,7 +351,7 @@ class Processed:
         self.sd_vae_hash = p.sd_vae_hash
         self.seed_resize_from_w = p.seed_resize_from_w
         self.seed_resize_from_h = p.seed_resize_from_h
-        self.denoising_strength = getattr(p, 'denoising_strength', None)
+        self.denoising_strength = getattr(p, "denoising_strength", None)
         self.extra_generation_params = p.extra_generation_params
         self.index_of_first_image = index_of_first_image
         self.styles = p.styles
@@ -342,9 +362,15 @@ class Processed:
         self.eta = p.eta
         self.sampler_noise_scheduler_override = p.sampler_noise_scheduler_override
         self.prompt = self.prompt if not isinstance(self.prompt, list) else self.prompt[0]
-        self.negative_prompt = self.negative_prompt if not isinstance(self.negative_prompt, list) else self.negative_prompt[0]
+        self.negative_prompt = (
+            self.negative_prompt if not isinstance(self.negative_prompt, list) else self.negative_prompt[0]
+        )
         self.seed = int(self.seed if not isinstance(self.seed, list) else self.seed[0]) if self.seed is not None else -1
-        self.subseed = int(self.subseed if not isinstance(self.subseed, list) else self.subseed[0]) if self.subseed is not None else -1
+        self.subseed = (
+            int(self.subseed if not isinstance(self.subseed, list) else self.subseed[0])
+            if self.subseed is not None
+            else -1
+        )
         self.is_using_inpainting_conditioning = p.is_using_inpainting_conditioning
         self.all_prompts = all_prompts or p.all_prompts or [self.prompt]
         self.all_negative_prompts = all_negative_prompts or p.all_negative_prompts or [self.negative_prompt]
@@ -392,8 +418,15 @@ class Processed:
         return json.dumps(obj, default=lambda o: None)
 
     def infotext(self, p: StableDiffusionProcessing, index):
-        return create_infotext(p, self.all_prompts, self.all_seeds, self.all_subseeds, comments=[],
-                               position_in_batch=index % self.batch_size, iteration=index // self.batch_size)
+        return create_infotext(
+            p,
+            self.all_prompts,
+            self.all_seeds,
+            self.all_subseeds,
+            comments=[],
+            position_in_batch=index % self.batch_size,
+            iteration=index // self.batch_size,
+        )
 
     def get_token_merging_ratio(self, for_hr=False):
         return self.token_merging_ratio_hr if for_hr else self.token_merging_ratio
@@ -405,7 +438,7 @@ def decode_latent_batch(model, batch, target_device=None, check_for_nans=False):
     if check_for_nans:
         devices.test_for_nans(batch, "unet")
     for i in range(batch.shape[0]):
-        sample = model.decode_first_stage(batch[i:i + 1])[0]
+        sample = model.decode_first_stage(batch[i : i + 1])[0]
         if check_for_nans:
             devices.test_for_nans(sample, "vae")
         samples.append(sample)
@@ -418,7 +451,7 @@ class DecodedSamples(list):
 
 def get_fixed_seed(seed):
     # ~L675-687
-    if seed == '' or seed is None:
+    if seed == "" or seed is None:
         seed = -1
     elif isinstance(seed, str):
         try:
@@ -439,8 +472,18 @@ def program_version():
     return "v1.10.1"
 
 
-def create_infotext(p, all_prompts, all_seeds, all_subseeds, comments=None, iteration=0, position_in_batch=0,
-                    use_main_prompt=False, index=None, all_negative_prompts=None):
+def create_infotext(
+    p,
+    all_prompts,
+    all_seeds,
+    all_subseeds,
+    comments=None,
+    iteration=0,
+    position_in_batch=0,
+    use_main_prompt=False,
+    index=None,
+    all_negative_prompts=None,
+):
     # ~L705-816: same keys and order; list values are indexed, callables are called with locals() (errors -> None)
     if use_main_prompt:
         index = 0
@@ -450,8 +493,8 @@ def create_infotext(p, all_prompts, all_seeds, all_subseeds, comments=None, iter
     if all_negative_prompts is None:
         all_negative_prompts = p.all_negative_prompts
 
-    clip_skip = getattr(p, 'clip_skip', opts.CLIP_stop_at_last_layers)
-    enable_hr = getattr(p, 'enable_hr', False)
+    clip_skip = getattr(p, "clip_skip", opts.CLIP_stop_at_last_layers)
+    enable_hr = getattr(p, "enable_hr", False)
     token_merging_ratio = p.get_token_merging_ratio()
     token_merging_ratio_hr = p.get_token_merging_ratio(for_hr=True)
 
@@ -463,7 +506,7 @@ def create_infotext(p, all_prompts, all_seeds, all_subseeds, comments=None, iter
         "Sampler": p.sampler_name,
         "Schedule type": p.scheduler,
         "CFG scale": p.cfg_scale,
-        "Image CFG scale": getattr(p, 'image_cfg_scale', None),
+        "Image CFG scale": getattr(p, "image_cfg_scale", None),
         "Seed": p.all_seeds[0] if use_main_prompt else all_seeds[index],
         "Face restoration": opts.face_restoration_model if p.restore_faces else None,
         "Size": f"{p.width}x{p.height}",
@@ -471,16 +514,22 @@ def create_infotext(p, all_prompts, all_seeds, all_subseeds, comments=None, iter
         "Model": p.sd_model_name if opts.add_model_name_to_info else None,
         "VAE hash": p.sd_vae_hash if opts.add_vae_hash_to_info else None,
         "VAE": p.sd_vae_name if opts.add_vae_name_to_info else None,
-        "Variation seed": (None if p.subseed_strength == 0 else (p.all_subseeds[0] if use_main_prompt else all_subseeds[index])),
+        "Variation seed": (
+            None if p.subseed_strength == 0 else (p.all_subseeds[0] if use_main_prompt else all_subseeds[index])
+        ),
         "Variation seed strength": (None if p.subseed_strength == 0 else p.subseed_strength),
-        "Seed resize from": (None if p.seed_resize_from_w <= 0 or p.seed_resize_from_h <= 0 else f"{p.seed_resize_from_w}x{p.seed_resize_from_h}"),
+        "Seed resize from": (
+            None
+            if p.seed_resize_from_w <= 0 or p.seed_resize_from_h <= 0
+            else f"{p.seed_resize_from_w}x{p.seed_resize_from_h}"
+        ),
         "Denoising strength": p.extra_generation_params.get("Denoising strength"),
         "Conditional mask weight": None,
         "Clip skip": None if clip_skip <= 1 else clip_skip,
         "ENSD": None,
         "Token merging ratio": None if token_merging_ratio == 0 else token_merging_ratio,
         "Token merging ratio hr": None if not enable_hr or token_merging_ratio_hr == 0 else token_merging_ratio_hr,
-        "Init image hash": getattr(p, 'init_img_hash', None),
+        "Init image hash": getattr(p, "init_img_hash", None),
         "RNG": opts.randn_source if opts.randn_source != "GPU" else None,
         "Tiling": "True" if p.tiling else None,
         **p.extra_generation_params,
@@ -498,7 +547,9 @@ def create_infotext(p, all_prompts, all_seeds, all_subseeds, comments=None, iter
             errors.report(f'Error creating infotext for key "{key}"', exc_info=True)
             generation_params[key] = None
 
-    generation_params_text = ", ".join([k if k == v else f'{k}: {infotext_utils.quote(v)}' for k, v in generation_params.items() if v is not None])
+    generation_params_text = ", ".join(
+        [k if k == v else f"{k}: {infotext_utils.quote(v)}" for k, v in generation_params.items() if v is not None]
+    )
     negative_prompt_text = f"\nNegative prompt: {negative_prompt}" if negative_prompt else ""
     return f"{prompt_text}{negative_prompt_text}\n{generation_params_text}".strip()
 
@@ -507,16 +558,18 @@ def process_images(p: StableDiffusionProcessing) -> Processed:
     if p.scripts is not None:
         p.scripts.before_process(p)
 
-    stored_opts = {k: opts.data[k] if k in opts.data else opts.get_default(k) for k in p.override_settings if k in opts.data}
+    stored_opts = {
+        k: opts.data[k] if k in opts.data else opts.get_default(k) for k in p.override_settings if k in opts.data
+    }
 
     try:
-        if sd_models.checkpoint_aliases.get(p.override_settings.get('sd_model_checkpoint')) is None:
-            p.override_settings.pop('sd_model_checkpoint', None)
+        if sd_models.checkpoint_aliases.get(p.override_settings.get("sd_model_checkpoint")) is None:
+            p.override_settings.pop("sd_model_checkpoint", None)
             sd_models.reload_model_weights()
 
         for k, v in p.override_settings.items():
             opts.set(k, v, is_api=True, run_callbacks=False)
-            if k == 'sd_model_checkpoint':
+            if k == "sd_model_checkpoint":
                 sd_models.reload_model_weights()
 
         sd_models.apply_token_merging(p.sd_model, p.get_token_merging_ratio())
@@ -591,15 +644,20 @@ def process_images_inner(p: StableDiffusionProcessing) -> Processed:
 
             sd_models.reload_model_weights()
 
-            p.prompts = p.all_prompts[n * p.batch_size:(n + 1) * p.batch_size]
-            p.negative_prompts = p.all_negative_prompts[n * p.batch_size:(n + 1) * p.batch_size]
-            p.seeds = p.all_seeds[n * p.batch_size:(n + 1) * p.batch_size]
-            p.subseeds = p.all_subseeds[n * p.batch_size:(n + 1) * p.batch_size]
+            p.prompts = p.all_prompts[n * p.batch_size : (n + 1) * p.batch_size]
+            p.negative_prompts = p.all_negative_prompts[n * p.batch_size : (n + 1) * p.batch_size]
+            p.seeds = p.all_seeds[n * p.batch_size : (n + 1) * p.batch_size]
+            p.subseeds = p.all_subseeds[n * p.batch_size : (n + 1) * p.batch_size]
 
-            latent_channels = getattr(shared.sd_model, 'latent_channels', opt_C)
-            p.rng = ImageRNG((latent_channels, p.height // opt_f, p.width // opt_f), p.seeds, subseeds=p.subseeds,
-                             subseed_strength=p.subseed_strength, seed_resize_from_h=p.seed_resize_from_h,
-                             seed_resize_from_w=p.seed_resize_from_w)
+            latent_channels = getattr(shared.sd_model, "latent_channels", opt_C)
+            p.rng = ImageRNG(
+                (latent_channels, p.height // opt_f, p.width // opt_f),
+                p.seeds,
+                subseeds=p.subseeds,
+                subseed_strength=p.subseed_strength,
+                seed_resize_from_h=p.seed_resize_from_h,
+                seed_resize_from_w=p.seed_resize_from_w,
+            )
 
             if p.scripts is not None:
                 p.scripts.before_process_batch(p, batch_number=n, prompts=p.prompts, seeds=p.seeds, subseeds=p.subseeds)
@@ -611,8 +669,14 @@ def process_images_inner(p: StableDiffusionProcessing) -> Processed:
 
             if not p.disable_extra_networks and p.scripts is not None:
                 # extra_networks.activate ends with this hook (modules/extra_networks.py ~L149-150)
-                p.scripts.after_extra_networks_activate(p, batch_number=p.iteration, prompts=p.prompts, seeds=p.seeds,
-                                                        subseeds=p.subseeds, extra_network_data=p.extra_network_data)
+                p.scripts.after_extra_networks_activate(
+                    p,
+                    batch_number=p.iteration,
+                    prompts=p.prompts,
+                    seeds=p.seeds,
+                    subseeds=p.subseeds,
+                    extra_network_data=p.extra_network_data,
+                )
 
             if p.scripts is not None:
                 p.scripts.process_batch(p, batch_number=n, prompts=p.prompts, seeds=p.seeds, subseeds=p.subseeds)
@@ -627,19 +691,27 @@ def process_images_inner(p: StableDiffusionProcessing) -> Processed:
 
             sd_models.apply_alpha_schedule_override(p.sd_model, p)
 
-            samples_ddim = p.sample(conditioning=p.c, unconditional_conditioning=p.uc, seeds=p.seeds, subseeds=p.subseeds,
-                                    subseed_strength=p.subseed_strength, prompts=p.prompts)
+            samples_ddim = p.sample(
+                conditioning=p.c,
+                unconditional_conditioning=p.uc,
+                seeds=p.seeds,
+                subseeds=p.subseeds,
+                subseed_strength=p.subseed_strength,
+                prompts=p.prompts,
+            )
 
             if p.scripts is not None:
                 ps = scripts.PostSampleArgs(samples_ddim)
                 p.scripts.post_sample(p, ps)
                 samples_ddim = ps.samples
 
-            if getattr(samples_ddim, 'already_decoded', False):
+            if getattr(samples_ddim, "already_decoded", False):
                 x_samples_ddim = samples_ddim
             else:
                 devices.test_for_nans(samples_ddim, "unet")
-                x_samples_ddim = decode_latent_batch(p.sd_model, samples_ddim, target_device=devices.cpu, check_for_nans=True)
+                x_samples_ddim = decode_latent_batch(
+                    p.sd_model, samples_ddim, target_device=devices.cpu, check_for_nans=True
+                )
 
             x_samples_ddim = torch.stack(x_samples_ddim).float()
             x_samples_ddim = torch.clamp((x_samples_ddim + 1.0) / 2.0, min=0.0, max=1.0)
@@ -651,21 +723,28 @@ def process_images_inner(p: StableDiffusionProcessing) -> Processed:
             if p.scripts is not None:
                 p.scripts.postprocess_batch(p, x_samples_ddim, batch_number=n)
 
-                p.prompts = p.all_prompts[n * p.batch_size:(n + 1) * p.batch_size]
-                p.negative_prompts = p.all_negative_prompts[n * p.batch_size:(n + 1) * p.batch_size]
+                p.prompts = p.all_prompts[n * p.batch_size : (n + 1) * p.batch_size]
+                p.negative_prompts = p.all_negative_prompts[n * p.batch_size : (n + 1) * p.batch_size]
 
                 batch_params = scripts.PostprocessBatchListArgs(list(x_samples_ddim))
                 p.scripts.postprocess_batch_list(p, batch_params, batch_number=n)
                 x_samples_ddim = batch_params.images
 
             def infotext(index=0, use_main_prompt=False):
-                return create_infotext(p, p.prompts, p.seeds, p.subseeds, use_main_prompt=use_main_prompt, index=index,
-                                       all_negative_prompts=p.negative_prompts)
+                return create_infotext(
+                    p,
+                    p.prompts,
+                    p.seeds,
+                    p.subseeds,
+                    use_main_prompt=use_main_prompt,
+                    index=index,
+                    all_negative_prompts=p.negative_prompts,
+                )
 
             for i, x_sample in enumerate(x_samples_ddim):
                 p.batch_index = i
 
-                x_sample = 255. * np.moveaxis(x_sample.cpu().numpy(), 0, 2)
+                x_sample = 255.0 * np.moveaxis(x_sample.cpu().numpy(), 0, 2)
                 x_sample = x_sample.astype(np.uint8)
                 image = Image.fromarray(x_sample)
 
@@ -732,7 +811,7 @@ def image_grid(imgs, batch_size):
     rows = max(1, int(np.sqrt(len(imgs))))
     cols = (len(imgs) + rows - 1) // rows
     w, h = imgs[0].size
-    grid = Image.new('RGB', size=(cols * w, rows * h), color='black')
+    grid = Image.new("RGB", size=(cols * w, rows * h), color="black")
     for i, img in enumerate(imgs):
         grid.paste(img, box=(i % cols * w, i // cols * h))
     return grid
@@ -752,8 +831,8 @@ class StableDiffusionProcessingTxt2Img(StableDiffusionProcessing):
     hr_checkpoint_name: str = None
     hr_sampler_name: str = None
     hr_scheduler: str = None
-    hr_prompt: str = ''
-    hr_negative_prompt: str = ''
+    hr_prompt: str = ""
+    hr_negative_prompt: str = ""
     force_task_id: str = None
 
     hr_checkpoint_info: dict = field(default=None, init=False)
@@ -857,10 +936,13 @@ class StableDiffusionProcessingTxt2Img(StableDiffusionProcessing):
 
         x = self.rng.next()
         if self.scripts is not None:
-            self.scripts.process_before_every_sampling(p=self, x=x, noise=x, c=conditioning, uc=unconditional_conditioning)
+            self.scripts.process_before_every_sampling(
+                p=self, x=x, noise=x, c=conditioning, uc=unconditional_conditioning
+            )
 
-        samples = self.sampler.sample(self, x, conditioning, unconditional_conditioning,
-                                      image_conditioning=self.txt2img_image_conditioning(x))
+        samples = self.sampler.sample(
+            self, x, conditioning, unconditional_conditioning, image_conditioning=self.txt2img_image_conditioning(x)
+        )
         del x
 
         if not self.enable_hr:
@@ -885,23 +967,42 @@ class StableDiffusionProcessingTxt2Img(StableDiffusionProcessing):
         img2img_sampler_name = self.hr_sampler_name or self.sampler_name
         self.sampler = sd_samplers.create_sampler(img2img_sampler_name, self.sd_model)
 
-        samples = torch.nn.functional.interpolate(samples, size=(target_height // opt_f, target_width // opt_f),
-                                                  mode=self.latent_scale_mode["mode"],
-                                                  antialias=self.latent_scale_mode["antialias"])
+        samples = torch.nn.functional.interpolate(
+            samples,
+            size=(target_height // opt_f, target_width // opt_f),
+            mode=self.latent_scale_mode["mode"],
+            antialias=self.latent_scale_mode["antialias"],
+        )
         image_conditioning = self.txt2img_image_conditioning(samples)
 
         shared.state.nextjob()
 
-        samples = samples[:, :, self.truncate_y // 2:samples.shape[2] - (self.truncate_y + 1) // 2,
-                          self.truncate_x // 2:samples.shape[3] - (self.truncate_x + 1) // 2]
+        samples = samples[
+            :,
+            :,
+            self.truncate_y // 2 : samples.shape[2] - (self.truncate_y + 1) // 2,
+            self.truncate_x // 2 : samples.shape[3] - (self.truncate_x + 1) // 2,
+        ]
 
-        self.rng = ImageRNG(samples.shape[1:], self.seeds, subseeds=self.subseeds, subseed_strength=self.subseed_strength,
-                            seed_resize_from_h=self.seed_resize_from_h, seed_resize_from_w=self.seed_resize_from_w)
+        self.rng = ImageRNG(
+            samples.shape[1:],
+            self.seeds,
+            subseeds=self.subseeds,
+            subseed_strength=self.subseed_strength,
+            seed_resize_from_h=self.seed_resize_from_h,
+            seed_resize_from_w=self.seed_resize_from_w,
+        )
         noise = self.rng.next()
 
         if not self.disable_extra_networks and self.scripts is not None:
-            self.scripts.after_extra_networks_activate(self, batch_number=self.iteration, prompts=self.prompts, seeds=self.seeds,
-                                                       subseeds=self.subseeds, extra_network_data=self.hr_extra_network_data)
+            self.scripts.after_extra_networks_activate(
+                self,
+                batch_number=self.iteration,
+                prompts=self.prompts,
+                seeds=self.seeds,
+                subseeds=self.subseeds,
+                extra_network_data=self.hr_extra_network_data,
+            )
 
         self.calculate_hr_conds()
 
@@ -911,9 +1012,15 @@ class StableDiffusionProcessingTxt2Img(StableDiffusionProcessing):
             self.scripts.before_hr(self)
             self.scripts.process_before_every_sampling(p=self, x=samples, noise=noise, c=self.hr_c, uc=self.hr_uc)
 
-        samples = self.sampler.sample_img2img(self, samples, noise, self.hr_c, self.hr_uc,
-                                              steps=self.hr_second_pass_steps or self.steps,
-                                              image_conditioning=image_conditioning)
+        samples = self.sampler.sample_img2img(
+            self,
+            samples,
+            noise,
+            self.hr_c,
+            self.hr_uc,
+            steps=self.hr_second_pass_steps or self.steps,
+            image_conditioning=image_conditioning,
+        )
 
         sd_models.apply_token_merging(self.sd_model, self.get_token_merging_ratio())
 
@@ -934,9 +1041,9 @@ class StableDiffusionProcessingTxt2Img(StableDiffusionProcessing):
         super().setup_prompts()
         if not self.enable_hr:
             return
-        if self.hr_prompt == '':
+        if self.hr_prompt == "":
             self.hr_prompt = self.prompt
-        if self.hr_negative_prompt == '':
+        if self.hr_negative_prompt == "":
             self.hr_negative_prompt = self.negative_prompt
         if isinstance(self.hr_prompt, list):
             self.all_hr_prompts = self.hr_prompt
@@ -970,8 +1077,12 @@ class StableDiffusionProcessingTxt2Img(StableDiffusionProcessing):
     def parse_extra_network_prompts(self):
         super().parse_extra_network_prompts()
         if self.enable_hr:
-            self.hr_prompts = self.all_hr_prompts[self.iteration * self.batch_size:(self.iteration + 1) * self.batch_size]
-            self.hr_negative_prompts = self.all_hr_negative_prompts[self.iteration * self.batch_size:(self.iteration + 1) * self.batch_size]
+            self.hr_prompts = self.all_hr_prompts[
+                self.iteration * self.batch_size : (self.iteration + 1) * self.batch_size
+            ]
+            self.hr_negative_prompts = self.all_hr_negative_prompts[
+                self.iteration * self.batch_size : (self.iteration + 1) * self.batch_size
+            ]
             self.hr_extra_network_data = {}
 
 
@@ -1005,7 +1116,9 @@ class StableDiffusionProcessingImg2Img(StableDiffusionProcessing):
         super().__post_init__()
         self.image_mask = self.mask
         self.mask = None
-        self.initial_noise_multiplier = opts.initial_noise_multiplier if self.initial_noise_multiplier is None else self.initial_noise_multiplier
+        self.initial_noise_multiplier = (
+            opts.initial_noise_multiplier if self.initial_noise_multiplier is None else self.initial_noise_multiplier
+        )
 
     def init(self, all_prompts, all_seeds, all_subseeds):
         # ~L1602-1757, reduced to: resize init images, "encode" them, repeat to the batch size (no masks)
@@ -1035,13 +1148,26 @@ class StableDiffusionProcessingImg2Img(StableDiffusionProcessing):
             self.extra_generation_params["Noise multiplier"] = self.initial_noise_multiplier
             x *= self.initial_noise_multiplier
         if self.scripts is not None:
-            self.scripts.process_before_every_sampling(p=self, x=self.init_latent, noise=x, c=conditioning, uc=unconditional_conditioning)
-        samples = self.sampler.sample_img2img(self, self.init_latent, x, conditioning, unconditional_conditioning,
-                                              image_conditioning=self.image_conditioning)
+            self.scripts.process_before_every_sampling(
+                p=self, x=self.init_latent, noise=x, c=conditioning, uc=unconditional_conditioning
+            )
+        samples = self.sampler.sample_img2img(
+            self,
+            self.init_latent,
+            x,
+            conditioning,
+            unconditional_conditioning,
+            image_conditioning=self.image_conditioning,
+        )
         del x
         return samples
 
     def get_token_merging_ratio(self, for_hr=False):
         # ~L1791-1792: for_hr is ignored; p ratio, then an override of the txt2img option, then the img2img option,
         # then the txt2img option
-        return self.token_merging_ratio or ("token_merging_ratio" in self.override_settings and opts.token_merging_ratio) or opts.token_merging_ratio_img2img or opts.token_merging_ratio
+        return (
+            self.token_merging_ratio
+            or ("token_merging_ratio" in self.override_settings and opts.token_merging_ratio)
+            or opts.token_merging_ratio_img2img
+            or opts.token_merging_ratio
+        )

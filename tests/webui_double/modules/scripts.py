@@ -16,6 +16,7 @@ Simplified: no extension metadata ordering, no postprocessing (extras tab) scrip
 scripts, no built-in ``modules/processing_scripts`` (in the real UI those -- Sampler, Seed, Refiner -- are
 created first, so a real extension's ``args_from`` is > 1).
 """
+
 import importlib.util
 import inspect
 import os
@@ -170,21 +171,42 @@ class Script:
     def elem_id(self, item_id):
         # mirrors Script.elem_id ~L334-342
         need_tabname = self.show(True) == self.show(False)
-        tabkind = 'img2img' if self.is_img2img else 'txt2img'
+        tabkind = "img2img" if self.is_img2img else "txt2img"
         tabname = f"{tabkind}_" if need_tabname else ""
-        title = re.sub(r'[^a-z_0-9]', '', re.sub(r'\s', '_', self.title().lower()))
-        return f'script_{tabname}{title}_{item_id}'
+        title = re.sub(r"[^a-z_0-9]", "", re.sub(r"\s", "_", self.title().lower()))
+        return f"script_{tabname}{title}_{item_id}"
 
     def before_hr(self, p, *args):
         pass
 
 
 HOOK_NAMES = (
-    'title', 'show', 'ui', 'run', 'setup', 'before_process', 'process', 'before_process_batch',
-    'after_extra_networks_activate', 'process_before_every_sampling', 'process_batch', 'postprocess_batch',
-    'postprocess_batch_list', 'on_mask_blend', 'post_sample', 'postprocess_image', 'postprocess_maskoverlay',
-    'postprocess_image_after_composite', 'postprocess', 'before_component', 'after_component',
-    'on_before_component', 'on_after_component', 'describe', 'elem_id', 'before_hr',
+    "title",
+    "show",
+    "ui",
+    "run",
+    "setup",
+    "before_process",
+    "process",
+    "before_process_batch",
+    "after_extra_networks_activate",
+    "process_before_every_sampling",
+    "process_batch",
+    "postprocess_batch",
+    "postprocess_batch_list",
+    "on_mask_blend",
+    "post_sample",
+    "postprocess_image",
+    "postprocess_maskoverlay",
+    "postprocess_image_after_composite",
+    "postprocess",
+    "before_component",
+    "after_component",
+    "on_before_component",
+    "on_after_component",
+    "describe",
+    "elem_id",
+    "before_hr",
 )
 """Every method of the real 1.10.1 Script class (test-only constant)."""
 
@@ -195,8 +217,8 @@ class ScriptBuiltinUI(Script):
 
     def elem_id(self, item_id):
         need_tabname = self.show(True) == self.show(False)
-        tabname = ('img2img' if self.is_img2img else 'txt2img') + "_" if need_tabname else ""
-        return f'{tabname}{item_id}'
+        tabname = ("img2img" if self.is_img2img else "txt2img") + "_" if need_tabname else ""
+        return f"{tabname}{item_id}"
 
     def show(self, is_img2img):
         return AlwaysVisible
@@ -247,9 +269,11 @@ def register_script_file(scriptfile: ScriptFile):
 def list_extension_scripts(extension_dir):
     """Files of <extension>/scripts/*.py, sorted by name, like Extension.list_files + list_scripts (~L393-468)."""
     folder = os.path.join(extension_dir, "scripts")
-    return [ScriptFile(extension_dir, name, os.path.join(folder, name))
-            for name in sorted(os.listdir(folder))
-            if name.lower().endswith(".py") and os.path.isfile(os.path.join(folder, name))]
+    return [
+        ScriptFile(extension_dir, name, os.path.join(folder, name))
+        for name in sorted(os.listdir(folder))
+        if name.lower().endswith(".py") and os.path.isfile(os.path.join(folder, name))
+    ]
 
 
 def load_scripts(script_files=()):
@@ -355,13 +379,14 @@ class ScriptRunner:
                 v = getattr(control, field, None)
                 if v is not None:
                     setattr(arg_info, field, v)
-            choices = getattr(control, 'choices', None)
+            choices = getattr(control, "choices", None)
             if choices is not None:
                 arg_info.choices = [x[0] if isinstance(x, tuple) else x for x in choices]
             api_args.append(arg_info)
 
-        script.api_info = api_models.ScriptInfo(name=script.name, is_img2img=script.is_img2img,
-                                                is_alwayson=script.alwayson, args=api_args)
+        script.api_info = api_models.ScriptInfo(
+            name=script.name, is_img2img=script.is_img2img, is_alwayson=script.alwayson, args=api_args
+        )
 
         if script.infotext_fields is not None:
             self.infotext_fields += script.infotext_fields
@@ -391,16 +416,20 @@ class ScriptRunner:
         # mirrors ~L708-766 (the dropdown's change events and visibility callbacks are left out)
         all_titles = [wrap_call(s.title, s.filename, "title") or s.filename for s in self.scripts]
         self.title_map = {title.lower(): s for title, s in zip(all_titles, self.scripts)}
-        self.titles = [wrap_call(s.title, s.filename, "title") or f"{s.filename} [error]" for s in self.selectable_scripts]
+        self.titles = [
+            wrap_call(s.title, s.filename, "title") or f"{s.filename} [error]" for s in self.selectable_scripts
+        ]
 
         self.setup_ui_for_section(None)
 
-        dropdown = gr.Dropdown(label="Script", elem_id="script_list", choices=["None", *self.titles], value="None", type="index")
+        dropdown = gr.Dropdown(
+            label="Script", elem_id="script_list", choices=["None", *self.titles], value="None", type="index"
+        )
         self.inputs[0] = dropdown
 
         self.setup_ui_for_section(None, self.selectable_scripts)
 
-        self.infotext_fields.append((dropdown, lambda x: gr.update(value=x.get('Script', 'None'))))
+        self.infotext_fields.append((dropdown, lambda x: gr.update(value=x.get("Script", "None"))))
         self.apply_on_before_component_callbacks()
         return self.inputs
 
@@ -412,10 +441,10 @@ class ScriptRunner:
         script = self.selectable_scripts[script_index - 1]
         if script is None:
             return None
-        return script.run(p, *args[script.args_from:script.args_to])
+        return script.run(p, *args[script.args_from : script.args_to])
 
     def list_scripts_for_method(self, method_name):
-        if method_name in ('before_component', 'after_component'):
+        if method_name in ("before_component", "after_component"):
             return self.scripts
         return self.alwayson_scripts
 
@@ -424,8 +453,9 @@ class ScriptRunner:
         script_list = self.list_scripts_for_method(method_name)
         cached = self.callback_map.get(method_name)
         if cached is None or cached[0] != len(script_list):
-            chosen = [s for s in script_list
-                      if getattr(s.__class__, method_name, None) != getattr(Script, method_name, None)]
+            chosen = [
+                s for s in script_list if getattr(s.__class__, method_name, None) != getattr(Script, method_name, None)
+            ]
             cached = (len(script_list), chosen)
             self.callback_map[method_name] = cached
         return list(cached[1])
@@ -433,65 +463,65 @@ class ScriptRunner:
     def _dispatch(self, method_name, p, *lead, **kwargs):
         for script in self.ordered_scripts(method_name):
             try:
-                script_args = p.script_args[script.args_from:script.args_to]
+                script_args = p.script_args[script.args_from : script.args_to]
                 getattr(script, method_name)(p, *lead, *script_args, **kwargs)
             except Exception:
                 errors.report(f"Error running {method_name}: {script.filename}", exc_info=True)
 
     # ~L820-996: one dispatcher per hook, same call shapes as the real ones
     def before_process(self, p):
-        self._dispatch('before_process', p)
+        self._dispatch("before_process", p)
 
     def process(self, p):
-        self._dispatch('process', p)
+        self._dispatch("process", p)
 
     def process_before_every_sampling(self, p, **kwargs):
-        self._dispatch('process_before_every_sampling', p, **kwargs)
+        self._dispatch("process_before_every_sampling", p, **kwargs)
 
     def before_process_batch(self, p, **kwargs):
-        self._dispatch('before_process_batch', p, **kwargs)
+        self._dispatch("before_process_batch", p, **kwargs)
 
     def after_extra_networks_activate(self, p, **kwargs):
-        self._dispatch('after_extra_networks_activate', p, **kwargs)
+        self._dispatch("after_extra_networks_activate", p, **kwargs)
 
     def process_batch(self, p, **kwargs):
-        self._dispatch('process_batch', p, **kwargs)
+        self._dispatch("process_batch", p, **kwargs)
 
     def postprocess(self, p, processed):
-        self._dispatch('postprocess', p, processed)
+        self._dispatch("postprocess", p, processed)
 
     def postprocess_batch(self, p, images, **kwargs):
         # the real passes images as a keyword AFTER the script args (~L876-882)
-        self._dispatch('postprocess_batch', p, images=images, **kwargs)
+        self._dispatch("postprocess_batch", p, images=images, **kwargs)
 
     def postprocess_batch_list(self, p, pp: PostprocessBatchListArgs, **kwargs):
-        self._dispatch('postprocess_batch_list', p, pp, **kwargs)
+        self._dispatch("postprocess_batch_list", p, pp, **kwargs)
 
     def post_sample(self, p, ps: PostSampleArgs):
-        self._dispatch('post_sample', p, ps)
+        self._dispatch("post_sample", p, ps)
 
     def on_mask_blend(self, p, mba: MaskBlendArgs):
-        self._dispatch('on_mask_blend', p, mba)
+        self._dispatch("on_mask_blend", p, mba)
 
     def postprocess_image(self, p, pp: PostprocessImageArgs):
-        self._dispatch('postprocess_image', p, pp)
+        self._dispatch("postprocess_image", p, pp)
 
     def postprocess_maskoverlay(self, p, ppmo: PostProcessMaskOverlayArgs):
-        self._dispatch('postprocess_maskoverlay', p, ppmo)
+        self._dispatch("postprocess_maskoverlay", p, ppmo)
 
     def postprocess_image_after_composite(self, p, pp: PostprocessImageArgs):
-        self._dispatch('postprocess_image_after_composite', p, pp)
+        self._dispatch("postprocess_image_after_composite", p, pp)
 
     def before_hr(self, p):
-        self._dispatch('before_hr', p)
+        self._dispatch("before_hr", p)
 
     def setup_scrips(self, p, *, is_ui=True):
         # (sic) the real name is setup_scrips (~L987-996)
-        for script in self.ordered_scripts('setup'):
+        for script in self.ordered_scripts("setup"):
             if not is_ui and script.setup_for_ui_only:
                 continue
             try:
-                script.setup(p, *p.script_args[script.args_from:script.args_to])
+                script.setup(p, *p.script_args[script.args_from : script.args_to])
             except Exception:
                 errors.report(f"Error running setup: {script.filename}", exc_info=True)
 
@@ -501,7 +531,7 @@ class ScriptRunner:
                 callback(OnComponent(component=component))
             except Exception:
                 errors.report(f"Error running on_before_component: {script.filename}", exc_info=True)
-        for script in self.ordered_scripts('before_component'):
+        for script in self.ordered_scripts("before_component"):
             try:
                 script.before_component(component, **kwargs)
             except Exception:
@@ -513,7 +543,7 @@ class ScriptRunner:
                 callback(OnComponent(component=component))
             except Exception:
                 errors.report(f"Error running on_after_component: {script.filename}", exc_info=True)
-        for script in self.ordered_scripts('after_component'):
+        for script in self.ordered_scripts("after_component"):
             try:
                 script.after_component(component, **kwargs)
             except Exception:

@@ -7,6 +7,7 @@ merge_crossattn=False, merge_mlp=False)`` if the new ratio > 0 (max_downsample s
 so SDXL layouts, whose transformers sit at downsample 2 and 4 only, are not merged at all), then records the
 ratio. Importing this module installs the UNet ``th.cat`` hijack (see tiny_models.install_unet_cat_hijack).
 """
+
 import tomesd
 from tiny_models import install_unet_cat_hijack
 
@@ -22,14 +23,15 @@ apply_token_merging_calls = []
 
 def apply_token_merging(sd_model, token_merging_ratio):
     apply_token_merging_calls.append(token_merging_ratio)
-    current = getattr(sd_model, 'applied_token_merged_ratio', 0)
+    current = getattr(sd_model, "applied_token_merged_ratio", 0)
     if current == token_merging_ratio:
         return
     if current > 0:
         tomesd.remove_patch(sd_model)
     if token_merging_ratio > 0:
-        tomesd.apply_patch(sd_model, ratio=token_merging_ratio, use_rand=False, merge_attn=True,
-                           merge_crossattn=False, merge_mlp=False)
+        tomesd.apply_patch(
+            sd_model, ratio=token_merging_ratio, use_rand=False, merge_attn=True, merge_crossattn=False, merge_mlp=False
+        )
     sd_model.applied_token_merged_ratio = token_merging_ratio
 
 

@@ -12,6 +12,7 @@ TEST-ONLY FAILURE INJECTION: if the processing object has a callable ``_test_fai
 real sampler), call ``shared.state.interrupt()``/``skip()`` (-> handled as in the real CFGDenoiser), or return
 a tensor that replaces x (e.g. ``x * float('nan')`` -> the real NaN check in processing raises NansException).
 """
+
 import numpy as np
 import torch
 
@@ -43,7 +44,7 @@ class CompVisDenoiserDouble(torch.nn.Module):
         return torch.cat([self.t_to_sigma(t), torch.zeros(1)])
 
     def forward(self, x, sigma, cond):
-        c_in = 1 / (sigma ** 2 + 1) ** 0.5
+        c_in = 1 / (sigma**2 + 1) ** 0.5
         eps = self.inner_model.apply_model(x * c_in[:, None, None, None], self.sigma_to_t(sigma), cond)
         return x - eps * sigma[:, None, None, None]
 
@@ -69,13 +70,18 @@ class EulerSamplerDouble(sd_samplers_common.Sampler):
                     x = replaced
             denoised = self.model_wrap_cfg(x, sigmas[i] * s_in, **extra_args)
             d = (x - denoised) / sigmas[i]
-            self.callback_state({'x': x, 'i': i, 'sigma': sigmas[i], 'sigma_hat': sigmas[i], 'denoised': denoised})
+            self.callback_state({"x": x, "i": i, "sigma": sigmas[i], "sigma_hat": sigmas[i], "denoised": denoised})
             x = x + d * (sigmas[i + 1] - sigmas[i])
         return x
 
     def _extra_args(self, p, conditioning, unconditional_conditioning, image_conditioning):
-        return {'cond': conditioning, 'image_cond': image_conditioning, 'uncond': unconditional_conditioning,
-                'cond_scale': p.cfg_scale, 's_min_uncond': self.s_min_uncond}
+        return {
+            "cond": conditioning,
+            "image_cond": image_conditioning,
+            "uncond": unconditional_conditioning,
+            "cond_scale": p.cfg_scale,
+            "s_min_uncond": self.s_min_uncond,
+        }
 
     def sample(self, p, x, conditioning, unconditional_conditioning, steps=None, image_conditioning=None):
         # mirrors KDiffusionSampler.sample ~L190-236
@@ -87,11 +93,13 @@ class EulerSamplerDouble(sd_samplers_common.Sampler):
         self.sampler_extra_args = self._extra_args(p, conditioning, unconditional_conditioning, image_conditioning)
         return self.launch_sampling(steps, lambda: self._euler(p, x, sigmas, self.sampler_extra_args))
 
-    def sample_img2img(self, p, x, noise, conditioning, unconditional_conditioning, steps=None, image_conditioning=None):
+    def sample_img2img(
+        self, p, x, noise, conditioning, unconditional_conditioning, steps=None, image_conditioning=None
+    ):
         # mirrors KDiffusionSampler.sample_img2img ~L124-188
         steps, t_enc = sd_samplers_common.setup_img2img_steps(p, steps)
         sigmas = self.get_sigmas(p, steps)
-        sigma_sched = sigmas[steps - t_enc - 1:]
+        sigma_sched = sigmas[steps - t_enc - 1 :]
         xi = x + noise * sigma_sched[0]
         if opts.img2img_extra_noise > 0:
             p.extra_generation_params["Extra noise"] = opts.img2img_extra_noise

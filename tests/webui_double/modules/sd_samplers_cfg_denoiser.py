@@ -9,6 +9,7 @@ batch, False -> one call per chunk of B (cond first, then uncond); cfg_denoised 
 Left out: AND-prompts / prompt editing (one cond per image), edit models, masks, refiner switch, cond padding
 (the double's conds always have 77 tokens), live previews.
 """
+
 import torch
 
 from modules import sd_samplers_common
@@ -43,7 +44,7 @@ class CFGDenoiser(torch.nn.Module):
         return self.model_wrap
 
     def combine_denoised(self, x_out, conds_list, uncond, cond_scale):
-        denoised_uncond = x_out[-uncond.shape[0]:]
+        denoised_uncond = x_out[-uncond.shape[0] :]
         denoised = torch.clone(denoised_uncond)
         for i, conds in enumerate(conds_list):
             for cond_index, weight in conds:
@@ -65,7 +66,9 @@ class CFGDenoiser(torch.nn.Module):
         def make_condition_dict(c_crossattn, c_concat):
             return {"c_crossattn": [c_crossattn], "c_concat": [c_concat]}
 
-        params = CFGDenoiserParams(x_in, image_cond_in, sigma_in, state.sampling_step, state.sampling_steps, tensor, uncond, self)
+        params = CFGDenoiserParams(
+            x_in, image_cond_in, sigma_in, state.sampling_step, state.sampling_steps, tensor, uncond, self
+        )
         cfg_denoiser_callback(params)
         x_in = params.x
         image_cond_in = params.image_cond
@@ -74,7 +77,7 @@ class CFGDenoiser(torch.nn.Module):
         uncond = params.text_uncond
 
         skip_uncond = False
-        if opts.skip_early_cond != 0. and self.step / self.total_steps <= opts.skip_early_cond:
+        if opts.skip_early_cond != 0.0 and self.step / self.total_steps <= opts.skip_early_cond:
             skip_uncond = True
             self.p.extra_generation_params["Skip Early CFG"] = opts.skip_early_cond
         elif (self.step % 2 or opts.s_min_uncond_all) and s_min_uncond > 0 and sigma[0] < s_min_uncond:
@@ -94,18 +97,20 @@ class CFGDenoiser(torch.nn.Module):
             x_out = torch.zeros_like(x_in)
             for a in range(0, x_out.shape[0], batch_size):
                 b = a + batch_size
-                x_out[a:b] = self.inner_model(x_in[a:b], sigma_in[a:b], cond=make_condition_dict(cond_in[a:b], image_cond_in[a:b]))
+                x_out[a:b] = self.inner_model(
+                    x_in[a:b], sigma_in[a:b], cond=make_condition_dict(cond_in[a:b], image_cond_in[a:b])
+                )
 
         denoised_image_indexes = [c[0][0] for c in conds_list]
         if skip_uncond:
-            x_out = torch.cat([x_out, torch.cat([x_out[i:i + 1] for i in denoised_image_indexes])])
+            x_out = torch.cat([x_out, torch.cat([x_out[i : i + 1] for i in denoised_image_indexes])])
 
         cfg_denoised_callback(CFGDenoisedParams(x_out, state.sampling_step, state.sampling_steps, self.inner_model))
 
         scale = 1.0 if skip_uncond else cond_scale * self.cond_scale_miltiplier
         denoised = self.combine_denoised(x_out, conds_list, uncond, scale)
 
-        self.sampler.last_latent = torch.cat([x_out[i:i + 1] for i in denoised_image_indexes])
+        self.sampler.last_latent = torch.cat([x_out[i : i + 1] for i in denoised_image_indexes])
 
         after = AfterCFGCallbackParams(denoised, state.sampling_step, state.sampling_steps)
         cfg_after_cfg_callback(after)

@@ -7,6 +7,7 @@ interrupted generation still decodes, runs postprocess hooks and returns normall
 denoiser call and sets ``state.sampling_step = i``: the denoiser of step i therefore sees the previous value
 (0, 0, 1, 2, ... for Euler), which is what ``CFGDenoiserParams.sampling_step`` carries in the real WebUI too.
 """
+
 from modules import shared
 from modules.shared import opts, state
 
@@ -18,7 +19,7 @@ class InterruptedException(BaseException):
 def setup_img2img_steps(p, steps=None):
     # mirrors ~L22-31
     if opts.img2img_fix_steps or steps is not None:
-        requested_steps = (steps or p.steps)
+        requested_steps = steps or p.steps
         steps = int(requested_steps / min(p.denoising_strength, 0.999)) if p.denoising_strength > 0 else 0
         t_enc = requested_steps - 1
     else:
@@ -41,7 +42,7 @@ class Sampler:
         self.options = {}
 
     def callback_state(self, d):
-        step = d['i']
+        step = d["i"]
         if self.stop_at is not None and step > self.stop_at:
             raise InterruptedException
         state.sampling_step = step
@@ -63,9 +64,9 @@ class Sampler:
         # mirrors ~L285-296 (eta/churn parameters left out: the double's Euler has none)
         self.p = p
         self.model_wrap_cfg.p = p
-        self.model_wrap_cfg.mask = p.mask if hasattr(p, 'mask') else None
-        self.model_wrap_cfg.nmask = p.nmask if hasattr(p, 'nmask') else None
+        self.model_wrap_cfg.mask = p.mask if hasattr(p, "mask") else None
+        self.model_wrap_cfg.nmask = p.nmask if hasattr(p, "nmask") else None
         self.model_wrap_cfg.step = 0
-        self.model_wrap_cfg.image_cfg_scale = getattr(p, 'image_cfg_scale', None)
-        self.s_min_uncond = getattr(p, 's_min_uncond', 0.0)
+        self.model_wrap_cfg.image_cfg_scale = getattr(p, "image_cfg_scale", None)
+        self.s_min_uncond = getattr(p, "s_min_uncond", 0.0)
         return {}

@@ -6,6 +6,7 @@ Note that ``StableDiffusionProcessing.sd_model`` is a property returning ``share
 Call ``reset()`` between tests; it mutates ``opts``/``state`` in place so ``from modules.shared import opts``
 bindings stay valid.
 """
+
 import sys
 import types
 

@@ -4,6 +4,7 @@
 denoiser (raises InterruptedException, caught by the sampler) and by the batch loop of
 process_images_inner. ``begin``/``end`` reset the flags like the real ones (~L110-150).
 """
+
 import time
 
 
@@ -19,7 +20,7 @@ class State:
         self.job_no = 0
         self.job_count = 0
         self.processing_has_refined_job_count = False
-        self.job_timestamp = '0'
+        self.job_timestamp = "0"
         self.sampling_step = 0
         self.sampling_steps = 0
         self.current_latent = None

@@ -7,6 +7,7 @@ enters the accordion and yields the checkbox, whose value (bool) is what ui() re
 ``.extra()`` returns a ``gr.Column`` placed in the accordion's label. Without an elem_id the id is
 ``input-accordion-<n>`` from a class counter. The JS sync (``inputAccordionChecked``) is registered as in the real.
 """
+
 import gradio as gr
 
 
@@ -56,7 +57,7 @@ class InputAccordion(gr.Checkbox):
     global_index = 0
 
     def __init__(self, value, **kwargs):
-        accordion_id = kwargs.get('elem_id')
+        accordion_id = kwargs.get("elem_id")
         if accordion_id is None:
             accordion_id = f"input-accordion-{InputAccordion.global_index}"
             InputAccordion.global_index += 1
@@ -64,18 +65,22 @@ class InputAccordion(gr.Checkbox):
 
         super().__init__(value, **{**kwargs, "elem_id": f"{accordion_id}-checkbox", "visible": False})
 
-        self.change(fn=None, _js='function(checked){ inputAccordionChecked("' + accordion_id + '", checked); }', inputs=[self])
+        self.change(
+            fn=None, _js='function(checked){ inputAccordionChecked("' + accordion_id + '", checked); }', inputs=[self]
+        )
 
-        self.accordion = gr.Accordion(**{
-            **kwargs,
-            "elem_id": accordion_id,
-            "label": kwargs.get('label', 'Accordion'),
-            "elem_classes": ['input-accordion'],
-            "open": value,
-        })
+        self.accordion = gr.Accordion(
+            **{
+                **kwargs,
+                "elem_id": accordion_id,
+                "label": kwargs.get("label", "Accordion"),
+                "elem_classes": ["input-accordion"],
+                "open": value,
+            }
+        )
 
     def extra(self):
-        return gr.Column(elem_id=self.accordion_id + '-extra', elem_classes='input-accordion-extra', min_width=0)
+        return gr.Column(elem_id=self.accordion_id + "-extra", elem_classes="input-accordion-extra", min_width=0)
 
     def __enter__(self):
         self.accordion.__enter__()

@@ -10,11 +10,13 @@
   ``script_args`` as a tuple, so ``setup()`` runs with ``is_ui=False``) and returns ``info = processed.js()``.
 - ``get_script_info`` (~L300-306) returns each script's ``api_info`` (built at UI creation, see scripts.py).
 """
+
 import gradio as gr
 
 try:
     from fastapi import HTTPException
 except ImportError:  # pragma: no cover - fastapi ships with gradio
+
     class HTTPException(Exception):
         def __init__(self, status_code, detail=None):
             super().__init__(detail)
@@ -51,12 +53,13 @@ def init_default_script_args(script_runner):
     with gr.Blocks():
         for script in script_runner.scripts:
             if script.ui(script.is_img2img):
-                script_args[script.args_from:script.args_to] = [elem.value for elem in script.ui(script.is_img2img)]
+                script_args[script.args_from : script.args_to] = [elem.value for elem in script.ui(script.is_img2img)]
     return script_args
 
 
-def init_script_args(request_alwayson_scripts, script_runner, ui_defaults, *, script_name=None, script_args=None,
-                     input_script_args=None):
+def init_script_args(
+    request_alwayson_scripts, script_runner, ui_defaults, *, script_name=None, script_args=None, input_script_args=None
+):
     """``request_alwayson_scripts``: the request's ``alwayson_scripts`` dict (or None);
     ``ui_defaults``: the list from init_default_script_args; returns the new list of script args."""
     result = list(ui_defaults)
@@ -67,7 +70,7 @@ def init_script_args(request_alwayson_scripts, script_runner, ui_defaults, *, sc
 
     selectable, selectable_idx = get_selectable_script(script_name, script_runner)
     if selectable:
-        result[selectable.args_from:selectable.args_to] = script_args or []
+        result[selectable.args_from : selectable.args_to] = script_args or []
         result[0] = selectable_idx + 1
 
     if request_alwayson_scripts:
@@ -76,7 +79,9 @@ def init_script_args(request_alwayson_scripts, script_runner, ui_defaults, *, sc
             if script is None:
                 raise HTTPException(status_code=422, detail=f"always on script {name} not found")
             if script.alwayson is False:
-                raise HTTPException(status_code=422, detail="Cannot have a selectable script in the always on scripts params")
+                raise HTTPException(
+                    status_code=422, detail="Cannot have a selectable script in the always on scripts params"
+                )
             if "args" in request_alwayson_scripts[name]:
                 args = request_alwayson_scripts[name]["args"]
                 for idx in range(min(script.args_to - script.args_from, len(args))):
@@ -116,8 +121,9 @@ def text2imgapi(payload: dict, script_runner=None, default_script_args=None):
     defaults = default_script_args if default_script_args is not None else init_default_script_args(runner)
     args = init_script_args(alwayson, runner, defaults, script_name=script_name, script_args=selectable_args)
 
-    p = processing.StableDiffusionProcessingTxt2Img(sd_model=shared.sd_model, do_not_save_samples=True,
-                                                   do_not_save_grid=True, **payload)
+    p = processing.StableDiffusionProcessingTxt2Img(
+        sd_model=shared.sd_model, do_not_save_samples=True, do_not_save_grid=True, **payload
+    )
     p.is_api = True
     p.scripts = runner
     shared.state.begin(job="scripts_txt2img")

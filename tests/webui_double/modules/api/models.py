@@ -1,4 +1,5 @@
 """Double of modules/api/models.py ScriptArg / ScriptInfo (~L307-320), pydantic models like the real ones."""
+
 from typing import Any
 
 from pydantic import BaseModel, Field
