@@ -1,0 +1,176 @@
+"""ToMe alongside ControlNet (the double of Mikubill's sd-webui-controlnet) in the WebUI double."""
+
+from __future__ import annotations
+
+from contextlib import closing
+from pathlib import Path
+from types import SimpleNamespace
+
+import controlnet_double as cnd
+import harness
+import pytest
+import tiny_models
+import torch
+from modules import processing, scripts
+
+import tome_core
+from tome_core import controlnet as tcn
+from tome_core import extension as ext
+from tome_core.patch import transformer_blocks
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class ControlNetScript(cnd.ControlNetScript, scripts.Script):
+    """The ControlNet double as one of the WebUI double's AlwaysVisible scripts."""
+
+
+@pytest.fixture(scope="module")
+def sd_model():
+    return tiny_models.make_tiny_sd_model("sd1", seed=0)
+
+
+@pytest.fixture(scope="module")
+def control():
+    return cnd.make_control_net(context_dim=tiny_models.CONTEXT_DIM, model_channels=32, seed=7)
+
+
+@pytest.fixture
+def webui(sd_model):
+    txt, _ = harness.start_webui([str(ROOT)], sd_model=sd_model)
+    yield txt
+    tome_core.remove_patch(sd_model)
+    harness.reset_webui()
+
+
+def add_controlnet(runner, units):
+    script = ControlNetScript(units)  # args_from None: its units come from the constructor
+    runner.alwayson_scripts.append(script)
+    runner.scripts.append(script)
+    return script
+
+
+def tome_args(runner, **settings):
+    args = harness.default_script_args(runner)
+    script = next(s for s in runner.alwayson_scripts if s.title() == "ToMe")
+    args[script.args_from] = {"enabled": True, **settings}
+    return args
+
+
+def hint(width, height, seed=0):
+    return torch.rand(1, 3, height, width, generator=torch.Generator().manual_seed(seed))
+
+
+class CallLog:
+    """For each call of ``module``: the settings of the patch on it (None when unpatched)."""
+
+    def __init__(self, module):
+        self.calls = []
+        self.handle = module.register_forward_pre_hook(self._pre)
+
+    def _pre(self, module, args):
+        patch = tome_core.get_patch(module)
+        self.calls.append(patch.settings if patch else None)
+
+
+def run(runner, script_args, sd_model, logged, **kwargs):
+    logs = [CallLog(m) for m in logged]
+    p = harness.make_txt2img(runner, script_args=script_args, **kwargs)
+    try:
+        with closing(p):
+            res = processing.process_images(p)
+    finally:
+        for log in logs:
+            log.handle.remove()
+    return res, [log.calls for log in logs]
+
+
+@pytest.mark.parametrize("width,height,batch", [(64, 64, 1), (72, 56, 2)])
+def test_control_model_merges_with_the_unets_settings_and_is_clean_after(
+    webui, sd_model, control, width, height, batch
+):
+    unet, net = sd_model.model.diffusion_model, control.control_model
+    cn = add_controlnet(webui, [cnd.ControlNetUnit(model=control, image=hint(width, height), module="canny")])
+    res, (unet_calls, net_calls) = run(
+        webui, tome_args(webui, ratio=0.4), sd_model, [unet, net], width=width, height=height, batch_size=batch
+    )
+    assert net_calls and all(s is not None and s.ratio == 0.4 for s in net_calls)
+    assert unet_calls and net_calls == unet_calls  # same settings, same seed, same steps
+    assert tome_core.get_patch(unet) is None and tome_core.get_patch(net) is None
+    assert (cn.latest_network is None and "forward" not in vars(unet)) or vars(unet)["forward"].__func__ is type(
+        unet
+    ).forward
+    assert ext.ERROR_KEY not in res.js()
+
+
+def test_merging_in_control_model_changes_its_output_and_can_be_turned_off(webui, sd_model, control):
+    net = control.control_model
+    add_controlnet(webui, [cnd.ControlNetUnit(model=control, image=hint(64, 64), module="canny")])
+    outputs = {}
+    for merge_cn in (True, False):
+        got = []
+        handle = net.register_forward_hook(lambda m, a, out, got=got: got.append(torch.cat([o.flatten() for o in out])))
+        try:
+            _, (calls,) = run(webui, tome_args(webui, merge_controlnet=merge_cn), sd_model, [net])
+        finally:
+            handle.remove()
+        outputs[merge_cn] = got
+        assert all((s is not None) == merge_cn for s in calls)
+    assert not torch.equal(outputs[True][0], outputs[False][0])
+
+
+def test_adapters_have_nothing_to_merge_and_still_work(webui, sd_model):
+    adapter = cnd.make_adapter(model_channels=32)
+    add_controlnet(webui, [cnd.ControlNetUnit(model=adapter, image=hint(64, 64), module="t2ia")])
+    res, (unet_calls,) = run(webui, tome_args(webui), sd_model, [sd_model.model.diffusion_model])
+    assert all(s is not None for s in unet_calls) and ext.NOTE_KEY not in res.js()
+    assert not any(tome_core.get_patch(m) for m in adapter.modules())
+
+
+def test_unexpected_controlnet_internals_degrade_to_unet_only_with_a_note(webui, sd_model, control):
+    cn = add_controlnet(webui, [cnd.ControlNetUnit(model=control, image=hint(64, 64), module="canny")])
+    # a future release renames its state: the hook still works, but latest_network has no control_params
+    cn.on_hooked = lambda network: setattr(cn, "latest_network", SimpleNamespace(restore=network.restore))
+    res, (unet_calls,) = run(webui, tome_args(webui), sd_model, [sd_model.model.diffusion_model])
+    assert all(s is not None for s in unet_calls)
+    assert tcn.NOTE_UNEXPECTED in res.infotexts[0]
+
+
+def test_reference_only_works_with_tome_and_after_it(webui, sd_model):
+    unet = sd_model.model.diffusion_model
+    reference = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(3))
+    unit = cnd.ControlNetUnit(model=None, module="reference_only", image=hint(64, 64), reference_latent=reference)
+    add_controlnet(webui, [unit])
+    outputs = []
+    handle = unet.register_forward_hook(lambda m, a, out: outputs.append(out.clone()))
+    # reference-only noises its latent with the global RNG (hook.py): seed it the same way for every run
+    handle_seed = unet.register_forward_pre_hook(lambda m, a: torch.manual_seed(len(outputs)) and None)
+    try:
+        run(webui, None, sd_model, [])  # ToMe off: the reference
+        off_before = outputs[:]
+        outputs.clear()
+        _, (calls,) = run(webui, tome_args(webui), sd_model, [unet])
+        on = outputs[:]
+        outputs.clear()
+        run(webui, None, sd_model, [])
+        off_after = outputs[:]
+    finally:
+        handle.remove()
+        handle_seed.remove()
+    assert calls and all(s is not None for s in calls)
+    assert any(not torch.equal(a, b) for a, b in zip(on, off_before))  # merged while reference-only is active
+    assert all(torch.equal(a, b) for a, b in zip(off_after, off_before))  # nothing stale pinned afterwards
+    assert all(tome_core.get_patch(m) is None for m in [unet, *transformer_blocks(unet)])
+
+
+def test_control_models_lookup_ignores_other_scripts_and_missing_network(webui, control):
+    notes = []
+
+    class P:
+        scripts = webui
+
+    assert list(tcn.control_models(P, notes)) == [] and notes == []
+    cn = add_controlnet(webui, [])
+    assert list(tcn.control_models(P, notes)) == []
+    cn.latest_network = type("Hook", (), {"control_params": [cnd.ControlParams(control_model=control)]})()
+    assert list(tcn.control_models(P, notes)) == [control.control_model] and notes == []
