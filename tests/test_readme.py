@@ -1,0 +1,41 @@
+"""The README stays true: its two set-up commands, the API order, the controls table and the code example."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tome_core import settings as S
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_first_lines_are_the_two_setup_commands_and_ci_runs_the_test_one():
+    lines = README.splitlines()
+    assert lines[0] == "```sh" and lines[3] == "```"
+    bench, tests = (line.split("#")[0].strip() for line in lines[1:3])
+    assert bench.startswith("bash .ci/setup && ") and "benchmarks.suite" in bench
+    assert tests == "bash .ci/setup && .venv/bin/python -m pytest -q"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "bash .ci/setup" in ci and ".venv/bin/python -m pytest -q" in ci
+
+
+def test_api_order_and_controls_table_match_the_settings_record():
+    assert ", ".join(S.NAMES) in " ".join(README.split())
+    table = README[README.index("| control | API name |") : README.index("Bad values never patch")]
+    api_column = [row.split("|")[2] for row in table.splitlines()[2:] if row.startswith("|")]
+    named = [name for cell in api_column for name in re.findall(r"`([a-z_]+)`", cell)]
+    assert sorted(set(named)) == sorted(S.NAMES)
+
+
+def test_core_example_runs():
+    code = README[README.index("```python\nimport torch\nimport tome_core") + len("```python\n") :]
+    code = code[: code.index("```")]
+    # the same code at test size: narrower and smaller latents
+    code = code.replace("model_channels=320", "model_channels=32").replace("context_dim=768", "context_dim=64")
+    code = code.replace("128, 128", "16, 16").replace("77, 768", "7, 64").replace("num_heads=8", "num_heads=4")
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert scope["eps"].shape == (2, 4, 16, 16)
+    assert scope["tome_core"].get_patch(scope["unet"]) is None
