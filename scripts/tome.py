@@ -149,23 +149,24 @@ class ToMeScript(scripts.Script):
     def before_hr(self, p: Any, *args: Any) -> None:
         run = getattr(p, RUN_ATTR, None)
         if run is not None:
-            run.hires = True
+            run.hires_pending = True
 
     def process_before_every_sampling(self, p: Any, *args: Any, **kwargs: Any) -> None:
         run: ext.Run | None = getattr(p, RUN_ATTR, None)
         if run is None:
             return
-        run.hires = run.hires or bool(getattr(p, "is_hr_pass", False))
+        # the hires pass: p.is_hr_pass in 1.10; before_hr's flag where it is missing (consumed here, so
+        # that the next batch iteration's first pass is not taken for a hires pass)
+        hires, run.hires_pending = bool(getattr(p, "is_hr_pass", run.hires_pending)), False
         registry.clear(shared.sd_model)
         x = kwargs.get("x")
         height, width = (int(x.shape[-2]) * 8, int(x.shape[-1]) * 8) if x is not None else (p.height, p.width)
-        label = "hires pass" if run.hires else "first pass"
         if run.too_small(width, height):
-            note = f"{label} {width}x{height} is below the minimum size {run.settings.min_size} px: not merged"
+            note = f"{'hires' if hires else 'first'} pass {width}x{height} is below the minimum size {run.settings.min_size} px: not merged"
             p.extra_generation_params[ext.NOTE_KEY] = note
             return
         seeds = getattr(p, "seeds", None)
-        settings = run.pass_settings(seeds[0] if seeds else getattr(p, "seed", None))
+        settings = run.pass_settings(seeds[0] if seeds else getattr(p, "seed", None), hires)
         try:
             registry.apply(p.sd_model, settings)
             if settings.merge_controlnet:

@@ -235,6 +235,13 @@ def test_hires_pass_uses_its_own_ratio_and_size(webui, sd_model):
     assert tome_core.get_patch(sd_model) is None
 
 
+def test_every_batch_iteration_starts_with_the_first_pass_ratio(webui, sd_model):
+    txt, _ = webui
+    args = args_with(txt, {"enabled": True, "ratio": 0.3, "hires_ratio": 0.6})
+    _, spy = generate(txt, args, sd_model, width=64, height=64, enable_hr=True, hr_scale=1.5, steps=1, n_iter=2)
+    assert [s.ratio for s in spy.calls] == [0.3, 0.6, 0.3, 0.6]
+
+
 def test_img2img_is_patched(webui, sd_model):
     _, img = webui
     from PIL import Image

@@ -84,13 +84,13 @@ class Run:
     """What one generation (one XYZ cell) asked for and what happened."""
 
     settings: ToMeSettings
-    hires: bool = False
+    hires_pending: bool = False  # before_hr was called; the next sampling is the hires pass
     notes: list[str] = field(default_factory=list)
 
-    def pass_settings(self, image_seed: int | None) -> ToMeSettings:
-        """Settings for the current sampling pass: the hires ratio in the hires pass, the real seed."""
+    def pass_settings(self, image_seed: int | None, hires: bool) -> ToMeSettings:
+        """Settings for one sampling pass: the hires ratio in the hires pass, the seed actually used."""
         s = self.settings
-        ratio = s.hires_ratio if self.hires and s.hires_ratio > 0 else s.ratio
+        ratio = s.hires_ratio if hires and s.hires_ratio > 0 else s.ratio
         return s.replace(ratio=ratio, seed=seed_for(s, image_seed))
 
     def too_small(self, width: int, height: int) -> bool:
