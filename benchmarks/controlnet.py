@@ -1,0 +1,129 @@
+"""One ControlNet unit at 1024 px on the CPU: baseline vs ToMe in the UNet only vs ToMe in UNet and control model.
+
+    python -m benchmarks.controlnet [--size 1024] [--rounds 3] [--channels 64] [--write]
+
+A "step" is one guided UNet evaluation (cond and uncond batched, batch 2) with the control model run by the
+ControlNet double's hook, exactly as sd-webui-controlnet runs it. Variants are interleaved round by round in
+one process; medians of wall and process CPU time. ``--write`` replaces the ControlNet section of
+benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import controlnet_double as cnd  # noqa: E402
+from models import make_unet, photo_latents  # noqa: E402
+
+import tome_core  # noqa: E402
+
+BEGIN, END = "<!-- controlnet:begin -->", "<!-- controlnet:end -->"
+
+
+def build(size: int, channels: int, heads: int, context_dim: int = 64):
+    unet = make_unet("sd15", model_channels=channels, context_dim=context_dim, num_heads=heads)
+    control = cnd.make_control_net(context_dim=context_dim, model_channels=channels, num_heads=heads, seed=7)
+    latent = size // 8
+    hint = torch.rand(1, 3, size, size, generator=torch.Generator().manual_seed(0))
+    hook = cnd.UnetHook()
+    param = cnd.ControlParams(control_model=control, hint_cond=hint, weight=1.0)
+    hook.hook(model=unet, sd_ldm=cnd.FakeSDModel(unet), control_params=[param])
+    x = photo_latents(2, latent, latent)
+    t = torch.tensor([500.0, 500.0])
+    ctx = torch.randn(2, 77, context_dim, generator=torch.Generator().manual_seed(1))
+    return unet, control.control_model, (x, t, ctx)
+
+
+def variants(unet, net):
+    def baseline():
+        tome_core.remove_patch(unet)
+        tome_core.remove_patch(net)
+
+    def unet_only():
+        baseline()
+        tome_core.apply_patch(unet, ratio=0.5, max_downsample="auto", use_rand=True, seed=1)
+
+    def unet_and_control():
+        unet_only()
+        tome_core.apply_patch(net, ratio=0.5, max_downsample="auto", use_rand=True, seed=1)
+
+    return {"baseline": baseline, "ToMe UNet only": unet_only, "ToMe UNet + ControlNet": unet_and_control}
+
+
+def measure(size: int, rounds: int, channels: int, heads: int) -> list[tuple[str, float, float, float]]:
+    unet, net, inputs = build(size, channels, heads)
+    setups = variants(unet, net)
+    wall: dict[str, list[float]] = {k: [] for k in setups}
+    cpu: dict[str, list[float]] = {k: [] for k in setups}
+    outputs: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for setup in setups.values():  # warm-up
+            setup()
+            unet(*inputs)
+        for _ in range(rounds):
+            for name, setup in setups.items():
+                setup()
+                w0, c0 = time.perf_counter(), time.process_time()
+                outputs[name] = unet(*inputs)
+                wall[name].append(time.perf_counter() - w0)
+                cpu[name].append(time.process_time() - c0)
+    setups["baseline"]()
+    base_c = statistics.median(cpu["baseline"])
+    ref = outputs["baseline"]
+    rows = []
+    for name in setups:
+        w, c = statistics.median(wall[name]), statistics.median(cpu[name])
+        err = ((outputs[name] - ref).norm() / ref.norm()).item()
+        rows.append((name, w, c, base_c / c, err))
+    return rows
+
+
+def table(rows, size: int, channels: int, rounds: int) -> str:
+    lines = [
+        f"One ControlNet unit, SD1.5-layout UNet at reduced width (model_channels={channels}, real ldm blocks), "
+        f"{size} px, batch 2 (cond+uncond), ratio 0.5, max downsample auto, CPU float32, "
+        f"median of {rounds} interleaved rounds.",
+        "",
+        "| variant | s/step (wall) | s/step (CPU) | speed-up (CPU) | rel. error vs baseline |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [f"| {n} | {w:.2f} | {c:.2f} | {s:.2f}x | {e:.4f} |" for n, w, c, s, e in rows]
+    return "\n".join(lines)
+
+
+def write_section(text: str) -> None:
+    path = ROOT / "benchmarks" / "RESULTS.md"
+    body = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
+    section = f"{BEGIN}\n## ToMe and ControlNet\n\n{text}\n{END}"
+    if BEGIN in body and END in body:
+        body = body[: body.index(BEGIN)] + section + body[body.index(END) + len(END) :]
+    else:
+        body = body.rstrip() + "\n\n" + section + "\n"
+    path.write_text(body, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--channels", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
+    args = ap.parse_args(argv)
+    text = table(measure(args.size, args.rounds, args.channels, args.heads), args.size, args.channels, args.rounds)
+    print(text)
+    if args.write:
+        write_section(text)
+
+
+if __name__ == "__main__":
+    main()
