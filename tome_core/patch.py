@@ -7,7 +7,21 @@ on the instance (ControlNet's reference-only) keep working:
 * a forward pre-hook on the root records the latent size and the timestep of each UNet call;
 * a forward pre/post-hook pair on each transformer block marks the block input ``x`` whose tokens
   the merge plan is computed from (lazily, only if a merge target runs);
-* forward pre/post-hooks on ``attn1`` / ``attn2`` / ``ff`` merge their input and unmerge their output.
+* forward pre/post-hooks on ``attn1`` / ``attn2`` / ``ff`` merge their input and unmerge their output
+  (``method="merge"``), or a pre-hook on a self-attention ``attn1`` passes ``context=`` its input
+  with the token grid subsampled, so that keys and values are downsampled and queries kept
+  (``method="downsample"``, ToDo).
+
+Step schedule: the patch is active while ``start <= progress < end`` (``end == 1`` includes the last
+step). ``progress`` is what the caller reports through :meth:`Patch.set_progress` (the WebUI script:
+``sampling_step / total_sampling_steps``, restarting at 0 for the hires pass); when nothing was
+reported it is derived from the UNet call's timestep as ``1 - t / 1000`` (a 1000-step DDPM
+schedule). An inactive call touches nothing, so it is bit-identical to the unpatched model.
+
+Plan reuse: with ``share_plan`` the first block of each UNet level computes the plan and the level's
+other blocks of that forward reuse it; with ``plan_interval = k`` a plan is recomputed only every
+``k`` sampling steps. Steps are told apart by the reported progress (or, without one, the timestep);
+the UNet calls of one step are numbered, so separate cond and uncond calls each reuse their own plan.
 
 Any call whose token count does not fit the recorded geometry runs unmerged (warned once).
 """
@@ -78,6 +92,15 @@ def _timestep_key(timesteps: Any) -> int:
     return struct.unpack("<q", struct.pack("<d", value))[0]
 
 
+def _timestep_value(timesteps: Any) -> float | None:
+    """The call's first timestep as a number, if it has one."""
+    if isinstance(timesteps, torch.Tensor) and timesteps.numel():
+        return float(timesteps.flatten()[0])
+    if isinstance(timesteps, (int, float)):
+        return float(timesteps)
+    return None
+
+
 def _call_arg(module: nn.Module, args: tuple, kwargs: dict, name: str) -> Any:
     """The value of ``name`` in a call of ``module.forward``, whether passed by keyword or position."""
     if name in kwargs:
@@ -101,6 +124,12 @@ class _BlockCall:
     planned: bool = False
 
 
+@dataclass
+class _CachedPlan:
+    step: int  # step index at which the plan was computed
+    plan: tm.MergePlan
+
+
 class Patch:
     """The token-merging patch of one root module. Create through :func:`apply_patch`."""
 
@@ -109,11 +138,18 @@ class Patch:
         self.settings = settings
         self.size: tuple[int, int] | None = None
         self.progress: float | None = None  # fraction of the sampling steps done, when the caller reports it
+        self.active = True  # whether the current UNet call is inside the step schedule
         self.forward_key = 0
         self.ordinal = 0
         self.current: _BlockCall | None = None
+        self.plans_computed = 0  # merge plans computed so far (plan reuse is measured by it)
+        self.freeze_plans = False  # measurement aid: reuse every cached plan forever (the benchmark's "limit")
         self._active: dict[int, tm.MergePlan] = {}
         self._partitions: dict[tuple, tm.Partition] = {}
+        self._plans: dict[tuple, _CachedPlan] = {}
+        self._step_key: float | None = None
+        self._step = 0
+        self._call_in_step = 0
         self._warned: set[str] = set()
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self.blocks = list(transformer_blocks(root))
@@ -142,8 +178,22 @@ class Patch:
         return self.auto_downsample
 
     def set_progress(self, fraction: float | None) -> None:
-        """Report sampling progress (0 at the first step, 1 at the end); ``None`` when unknown."""
-        self.progress = fraction
+        """Report sampling progress (0 at the first step, 1 at the end); ``None`` when unknown.
+
+        A sampling pass reports its steps in order; a smaller value starts a new pass (hires fix, the
+        next generation), which also drops the plans kept for reuse."""
+        self.progress = None if fraction is None else float(fraction)
+
+    def _in_schedule(self, progress: float | None) -> bool:
+        s = self.settings
+        if progress is None:
+            return True
+        return s.start <= progress and (progress < s.end or s.end >= 1.0)
+
+    @property
+    def _caches_plans(self) -> bool:
+        s = self.settings
+        return self.freeze_plans or s.share_plan or s.plan_interval > 1
 
     # --- hooks ------------------------------------------------------------------------------------
     def _install(self) -> None:
@@ -172,12 +222,35 @@ class Patch:
         self.ordinal = 0
         self.current = None
         self._active.clear()
+        timesteps = _call_arg(module, args, kwargs, "timesteps")
+        t = _timestep_value(timesteps)
+        progress = self.progress if self.progress is not None else (None if t is None else 1.0 - t / 1000.0)
+        self.active = self._in_schedule(progress)
+        self._count_step(self.progress if self.progress is not None else t, reported=self.progress is not None)
         if self.settings.use_rand:
-            self.forward_key = _mix(self.seed, _timestep_key(_call_arg(module, args, kwargs, "timesteps")))
+            self.forward_key = _mix(self.seed, _timestep_key(timesteps))
+
+    def _count_step(self, key: float | None, reported: bool) -> None:
+        """Number the sampling steps and the UNet calls within one step (plan reuse reads both)."""
+        if key is None or key != self._step_key:
+            restarted = (
+                key is None or self._step_key is None or (key < self._step_key if reported else key > self._step_key)
+            )
+            if restarted:
+                self._step = 0
+                if not self.freeze_plans:
+                    self._plans.clear()
+            else:
+                self._step += 1
+            self._step_key = key
+            self._call_in_step = 0
+        else:
+            self._call_in_step += 1
 
     def _block_pre(self, block: nn.Module, args: tuple, kwargs: dict) -> None:
         x = args[0] if args else kwargs.get("x")
-        self.current = _BlockCall(block, x, self.ordinal) if isinstance(x, torch.Tensor) and x.dim() == 3 else None
+        ok = self.active and isinstance(x, torch.Tensor) and x.dim() == 3
+        self.current = _BlockCall(block, x, self.ordinal) if ok else None
         self.ordinal += 1
 
     def _block_post(self, block: nn.Module, args: tuple, output: Any) -> None:
@@ -189,7 +262,11 @@ class Patch:
         def hook(sub: nn.Module, args: tuple, kwargs: dict):
             self._active.pop(id(sub), None)
             call = self.current
-            if not getattr(self.settings, flag) or call is None or call.block is not block:
+            if call is None or call.block is not block:
+                return None
+            if self.settings.method == "downsample":
+                return self._downsample_kv(call, name, args, kwargs)
+            if not getattr(self.settings, flag):
                 return None
             hidden = args[0] if args else kwargs.get("x")
             plan = self._plan(call)
@@ -217,12 +294,59 @@ class Patch:
             return None
         return plan.unmerge(output)
 
+    # --- token downsampling (ToDo) -------------------------------------------------------------
+    def _kv_factor(self, downsample: int) -> int:
+        """Key/value subsampling factor per side at a level: ``downsample_factor`` at the highest-resolution
+        level with transformer blocks, halved per level below it (at least 1), 1 above ``max_downsample``."""
+        if downsample > self._max_downsample(downsample):
+            return 1
+        if self.auto_downsample is None:  # no attention_resolutions: the first level seen is the highest
+            self.auto_downsample = downsample
+        base = self.auto_downsample
+        return max(1, self.settings.downsample_factor * base // max(downsample, base))
+
+    def _downsample_kv(self, call: _BlockCall, name: str, args: tuple, kwargs: dict) -> Any:
+        if name != "attn1" or not args or not isinstance(args[0], torch.Tensor) or args[0].dim() != 3:
+            return None
+        if kwargs.get("context") is not None or (len(args) > 1 and args[1] is not None):
+            return None  # attn1 is cross-attention here (disable_self_attn): leave it alone
+        hidden = args[0]
+        geometry = self._geometry(hidden.shape[1])
+        if geometry is None:
+            self._warn_once(
+                "geometry",
+                f"ToMe: a block with {hidden.shape[1]} tokens does not fit the latent size {self.size}; "
+                "it runs unmerged",
+            )
+            return None
+        downsample, h, w = geometry
+        factor = self._kv_factor(downsample)
+        if factor <= 1:
+            return None
+        return args[:1], {**kwargs, "context": tm.downsample_tokens(hidden, h, w, factor)}
+
     # --- planning ---------------------------------------------------------------------------------
     def _plan(self, call: _BlockCall) -> tm.MergePlan | None:
         if not call.planned:
             call.planned = True
-            call.plan = self._make_plan(call.x, call.ordinal)
+            call.plan = self._reused_plan(call)
         return call.plan
+
+    def _reused_plan(self, call: _BlockCall) -> tm.MergePlan | None:
+        if not self._caches_plans:
+            return self._make_plan(call.x, call.ordinal)
+        s = self.settings
+        n, b = call.x.shape[1], call.x.shape[0]
+        slot = ("level", n) if s.share_plan else ("block", call.ordinal)
+        key = (0 if self.freeze_plans else self._call_in_step, *slot)
+        cached = self._plans.get(key)
+        fits = cached is not None and cached.plan.num_tokens == n and cached.plan.batch == b
+        if fits and (self.freeze_plans or self._step - cached.step < s.plan_interval):
+            return cached.plan
+        plan = self._make_plan(call.x, call.ordinal)
+        if plan is not None:
+            self._plans[key] = _CachedPlan(self._step, plan)
+        return plan
 
     def _geometry(self, num_tokens: int) -> tuple[int, int, int] | None:
         if self.size is None:
@@ -250,6 +374,7 @@ class Patch:
         part = self._partition(h, w, x.device, ordinal)
         if part.dst.numel() == 0:
             return None
+        self.plans_computed += 1
         return tm.plan_merge(x, part, r)
 
     def _partition(self, h: int, w: int, device: torch.device, ordinal: int) -> tm.Partition:
