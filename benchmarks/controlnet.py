@@ -91,7 +91,7 @@ def table(rows, size: int, channels: int, rounds: int) -> str:
     lines = [
         f"One ControlNet unit, SD1.5-layout UNet at reduced width (model_channels={channels}, real ldm blocks), "
         f"{size} px, batch 2 (cond+uncond), ratio 0.5, max downsample auto, CPU float32, "
-        f"median of {rounds} interleaved rounds.",
+        f"{torch.get_num_threads()} torch thread(s), median of {rounds} interleaved rounds.",
         "",
         "| variant | s/step (wall) | s/step (CPU) | speed-up (CPU) | rel. error vs baseline |",
         "|---|---|---|---|---|",
@@ -117,8 +117,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--channels", type=int, default=64)
     ap.add_argument("--heads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (1, as the suite: see RESULTS.md)")
     ap.add_argument("--write", action="store_true", help="update benchmarks/RESULTS.md")
     args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
     text = table(measure(args.size, args.rounds, args.channels, args.heads), args.size, args.channels, args.rounds)
     print(text)
     if args.write:
