@@ -281,3 +281,20 @@ def test_sgm_style_blocks_are_patched(sdxl_unet):
         assert rel(out, base) > 1e-4 and torch.equal(out, sdxl_unet(x, t, ctx))
     finally:
         tome_core.remove_patch(sdxl_unet)
+
+
+def test_a_failing_install_leaves_no_hook(holder, monkeypatch):
+    unet = holder.model.diffusion_model
+    hooks = hook_count(unet)
+    blocks = list(transformer_blocks(unet))
+    real = type(blocks[3].ff).register_forward_hook
+
+    def fail_on_fourth_block(self, *args, **kwargs):
+        if self is blocks[3].ff:
+            raise RuntimeError("simulated failure while registering hooks")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(blocks[3].ff), "register_forward_hook", fail_on_fourth_block)
+    with pytest.raises(RuntimeError, match="simulated"):
+        tome_core.apply_patch(holder, ratio=0.5)
+    assert hook_count(unet) == hooks and tome_core.get_patch(holder) is None

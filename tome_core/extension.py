@@ -14,7 +14,7 @@ from typing import Any
 from torch import nn
 
 from . import settings as S
-from .patch import apply_settings, find_unet, get_patch, remove_patch, transformer_blocks
+from .patch import apply_settings, find_unet, get_patch, remove_patch
 from .settings import SettingsError, ToMeSettings
 
 log = logging.getLogger("tome_core")
@@ -200,10 +200,6 @@ def hints_js() -> str:
         "    onUiLoaded(addTitles);\n"
         "})();\n"
     )
-
-
-def has_transformer_blocks(model: nn.Module) -> bool:
-    return next(transformer_blocks(model), None) is not None
 
 
 def describe_error(error: Exception) -> str:

@@ -81,15 +81,9 @@ def _mix(*values: int) -> int:
     return z & 0x7FFFFFFFFFFFFFFF
 
 
-def _timestep_key(timesteps: Any) -> int:
-    """Bits of the call's first timestep: the cond and uncond passes of one step share it."""
-    if isinstance(timesteps, torch.Tensor) and timesteps.numel():
-        value = float(timesteps.flatten()[0])
-    elif isinstance(timesteps, (int, float)):
-        value = float(timesteps)
-    else:
-        return 0
-    return struct.unpack("<q", struct.pack("<d", value))[0]
+def _bits(value: float | None) -> int:
+    """The bits of a float (0 for none): the cond and uncond passes of one step share their timestep."""
+    return 0 if value is None else struct.unpack("<q", struct.pack("<d", value))[0]
 
 
 def _timestep_value(timesteps: Any) -> float | None:
@@ -197,14 +191,20 @@ class Patch:
 
     # --- hooks ------------------------------------------------------------------------------------
     def _install(self) -> None:
-        self._handles.append(self.root.register_forward_pre_hook(self._root_pre, with_kwargs=True))
-        for block in self.blocks:
-            self._handles.append(block.register_forward_pre_hook(self._block_pre, with_kwargs=True))
-            self._handles.append(block.register_forward_hook(self._block_post))
-            for name, _flag in _TARGETS:
-                sub = getattr(block, name)
-                self._handles.append(sub.register_forward_pre_hook(self._make_sub_pre(block, name), with_kwargs=True))
-                self._handles.append(sub.register_forward_hook(self._sub_post))
+        """Register every hook, or none: a failure part-way removes those already registered."""
+        try:
+            self._handles.append(self.root.register_forward_pre_hook(self._root_pre, with_kwargs=True))
+            for block in self.blocks:
+                self._handles.append(block.register_forward_pre_hook(self._block_pre, with_kwargs=True))
+                self._handles.append(block.register_forward_hook(self._block_post))
+                for name, _flag in _TARGETS:
+                    sub = getattr(block, name)
+                    pre = self._make_sub_pre(block, name)
+                    self._handles.append(sub.register_forward_pre_hook(pre, with_kwargs=True))
+                    self._handles.append(sub.register_forward_hook(self._sub_post))
+        except BaseException:
+            self.remove()
+            raise
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -228,7 +228,7 @@ class Patch:
         self.active = self._in_schedule(progress)
         self._count_step(self.progress if self.progress is not None else t, reported=self.progress is not None)
         if self.settings.use_rand:
-            self.forward_key = _mix(self.seed, _timestep_key(timesteps))
+            self.forward_key = _mix(self.seed, _bits(t))
 
     def _count_step(self, key: float | None, reported: bool) -> None:
         """Number the sampling steps and the UNet calls within one step (plan reuse reads both)."""
