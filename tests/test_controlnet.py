@@ -136,10 +136,11 @@ def test_unexpected_controlnet_internals_degrade_to_unet_only_with_a_note(webui,
     assert tcn.NOTE_UNEXPECTED in res.infotexts[0]
 
 
-def test_reference_only_works_with_tome_and_after_it(webui, sd_model):
+@pytest.mark.parametrize("mode", ["reference_only", "reference_adain", "reference_adain+attn"])
+def test_reference_modes_work_with_tome_and_after_it(webui, sd_model, mode):
     unet = sd_model.model.diffusion_model
     reference = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(3))
-    unit = cnd.ControlNetUnit(model=None, module="reference_only", image=hint(64, 64), reference_latent=reference)
+    unit = cnd.ControlNetUnit(model=None, module=mode, image=hint(64, 64), reference_latent=reference)
     add_controlnet(webui, [unit])
     outputs = []
     handle = unet.register_forward_hook(lambda m, a, out: outputs.append(out.clone()))
