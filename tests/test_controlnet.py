@@ -175,3 +175,36 @@ def test_control_models_lookup_ignores_other_scripts_and_missing_network(webui, 
     assert list(tcn.control_models(P, notes)) == []
     cn.latest_network = type("Hook", (), {"control_params": [cnd.ControlParams(control_model=control)]})()
     assert list(tcn.control_models(P, notes)) == [control.control_model] and notes == []
+
+
+def test_sdxl_layout_control_model_merges_at_its_first_attention_level_and_removes_cleanly():
+    """cldm.ControlNet for SDXL: transformer blocks at downsample 2 and 4 only, depth 2."""
+    from models import _feed_one_context_to_every_block, install_sdp_attention, photo_latents
+
+    install_sdp_attention()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        net = cnd.ControlNet(
+            context_dim=[64, 64],
+            model_channels=32,
+            channel_mult=(1, 2, 4),
+            attention_resolutions=(2, 4),
+            transformer_depth=(0, 2, 2),
+            num_heads=2,
+        )
+    _feed_one_context_to_every_block(net)
+    cnd.reinit_zero_layers(net, seed=1, scale=0.5)
+    net.eval()
+    call = dict(
+        x=photo_latents(2, 24, 32),
+        hint=torch.rand(2, 3, 192, 256),
+        timesteps=torch.tensor([500.0, 500.0]),
+        context=torch.randn(2, 7, 64, generator=torch.Generator().manual_seed(0)),
+    )
+    base = net(**call)
+    patch = tome_core.apply_patch(net, ratio=0.5, max_downsample="auto", use_rand=True, seed=3)
+    assert patch.auto_downsample == 2 and len(patch.blocks) == 9
+    merged = net(**call)
+    tome_core.remove_patch(net)
+    assert all(((a - b).norm() / b.norm()).item() > 1e-3 for a, b in zip(merged[-3:], base[-3:]))
+    assert all(torch.equal(a, b) for a, b in zip(net(**call), base))

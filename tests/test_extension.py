@@ -460,3 +460,25 @@ def test_xyz_cells_override_without_touching_globals(webui, sd_model):
     assert "ToMe stride x: 1" in stride.infotexts[0] and "ToMe ratio" not in stride.infotexts[0]
     with pytest.raises(S.SettingsError, match="'sx' = '9'"):
         axis["[ToMe] Stride (XxY)"].confirm(both, ["2x2", "9x1"])
+
+
+def test_sdxl_generation_merges_with_default_settings():
+    model = tiny_models.make_tiny_sd_model("sdxl", seed=0)
+    harness.start_webui([], sd_model=model)
+    _, base_spy = generate(scripts.scripts_txt2img, None, model, width=128, height=128, steps=2)
+    txt, _ = harness.start_webui([str(ROOT)], sd_model=model)
+    try:
+        patches = []
+        hook = model.model.diffusion_model.register_forward_pre_hook(
+            lambda m, a: patches.append(tome_core.get_patch(m))
+        )
+        try:
+            _, spy = generate(txt, args_with(txt, [True]), model, width=128, height=128, steps=2)
+        finally:
+            hook.remove()
+        assert patches and all(p is not None and p.auto_downsample == 2 for p in patches)
+        assert all(s.max_downsample == "auto" for s in spy.calls)
+        assert not any(torch.equal(a, b) for a, b in zip(spy.outputs, base_spy.outputs))  # really merged
+        assert tome_core.get_patch(model) is None
+    finally:
+        harness.reset_webui()
