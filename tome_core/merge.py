@@ -76,10 +76,6 @@ class MergePlan:
     counts: torch.Tensor  # (B, Nd, 1) how many tokens each destination averages (itself included)
     gather_back: torch.Tensor  # (B, N) row of the merged sequence each original token reads on unmerge
 
-    @property
-    def merged_tokens(self) -> int:
-        return self.num_tokens - self.merge_src.shape[1]
-
     def merge(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, C) -> (B, N - r, C): drop the merged sources, average them into their destinations."""
         b, _, c = x.shape

@@ -313,11 +313,6 @@ class Patch:
         hidden = args[0]
         geometry = self._geometry(hidden.shape[1])
         if geometry is None:
-            self._warn_once(
-                "geometry",
-                f"ToMe: a block with {hidden.shape[1]} tokens does not fit the latent size {self.size}; "
-                "it runs unmerged",
-            )
             return None
         downsample, h, w = geometry
         factor = self._kv_factor(downsample)
@@ -349,21 +344,21 @@ class Patch:
         return plan
 
     def _geometry(self, num_tokens: int) -> tuple[int, int, int] | None:
-        if self.size is None:
-            return None
-        for level in level_sizes(*self.size):
-            if level[1] * level[2] == num_tokens:
-                return level
+        """``(downsample, h, w)`` of the level with ``num_tokens`` tokens; None (warned once) if none fits."""
+        if self.size is not None:
+            for level in level_sizes(*self.size):
+                if level[1] * level[2] == num_tokens:
+                    return level
+        self._warn_once(
+            "geometry",
+            f"ToMe: a block with {num_tokens} tokens does not fit the latent size {self.size}; it runs unmerged",
+        )
         return None
 
     def _make_plan(self, x: torch.Tensor, ordinal: int) -> tm.MergePlan | None:
         s = self.settings
         geometry = self._geometry(x.shape[1])
         if geometry is None:
-            self._warn_once(
-                "geometry",
-                f"ToMe: a block with {x.shape[1]} tokens does not fit the latent size {self.size}; it runs unmerged",
-            )
             return None
         downsample, h, w = geometry
         if downsample > self._max_downsample(downsample):
