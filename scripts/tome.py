@@ -190,8 +190,7 @@ class ToMeScript(scripts.Script):
 
 def _on_cfg_denoiser(params: Any) -> None:
     """Sampling progress for the step schedule and plan reuse; each sampling pass starts again at 0."""
-    total = max(int(getattr(params, "total_sampling_steps", 0) or 0), 1)
-    registry.set_progress(min(int(params.sampling_step) / total, 1.0))
+    registry.set_progress(ext.sampling_progress(params))
 
 
 def _on_infotext_pasted(infotext: str, params: dict[str, Any]) -> None:

@@ -59,15 +59,21 @@ class Spy:
         self.calls: list[tome_core.ToMeSettings | None] = []
         self.outputs: list[torch.Tensor] = []
         self.progress: list[float | None] = []
+        self.active: list[bool | None] = []
         self._handles = [
             self.unet.register_forward_pre_hook(self._pre),
-            self.unet.register_forward_hook(lambda m, a, out: self.outputs.append(out.clone())),
+            self.unet.register_forward_hook(self._post),
         ]
 
     def _pre(self, module, args):
         patch = tome_core.get_patch(module)
         self.calls.append(patch.settings if patch else None)
         self.progress.append(patch.progress if patch else None)
+
+    def _post(self, module, args, out):
+        self.outputs.append(out.clone())
+        patch = tome_core.get_patch(module)
+        self.active.append(patch.active if patch else None)
 
     def close(self):
         for h in self._handles:
@@ -269,10 +275,40 @@ def test_img2img_is_patched(webui, sd_model):
     assert tome_core.get_patch(sd_model) is None
 
 
-def test_progress_reaches_the_patch(webui, sd_model):
+@pytest.mark.parametrize(
+    "sampler, progress",
+    [
+        ("Euler", [0, 1 / 4, 2 / 4, 3 / 4]),  # the WebUI's own sampling_step reads 0, 0, 1, 2 here
+        ("Heun", [0, 0, 1 / 4, 1 / 4, 2 / 4, 2 / 4, 3 / 4]),  # two calls a step, one on the last
+    ],
+)
+def test_progress_counts_sampling_steps_not_calls(webui, sd_model, sampler, progress):
     txt, _ = webui
-    _, spy = generate(txt, args_with(txt, [True, 0.5]), sd_model, steps=4)
-    assert spy.progress[0] == 0.0 and spy.progress[-1] > 0 and spy.progress == sorted(spy.progress)
+    _, spy = generate(txt, args_with(txt, [True, 0.5]), sd_model, steps=4, sampler_name=sampler)
+    assert spy.progress == pytest.approx(progress)
+
+
+@pytest.mark.parametrize("sampler, active", [("Euler", 2), ("Heun", 4)])
+def test_end_leaves_the_last_steps_unpatched(webui, sd_model, sampler, active):
+    txt, _ = webui
+    args = args_with(txt, {"enabled": True, "ratio": 0.5, "end": 0.5})
+    _, spy = generate(txt, args, sd_model, steps=4, sampler_name=sampler)
+    assert spy.active == [True] * active + [False] * (len(spy.active) - active)
+
+
+def test_the_hires_pass_counts_its_own_steps(webui, sd_model):
+    txt, _ = webui
+    args = args_with(txt, {"enabled": True, "ratio": 0.5, "start": 0.5})
+    _, spy = generate(txt, args, sd_model, steps=2, enable_hr=True, hr_scale=1.5, hr_second_pass_steps=4)
+    assert spy.progress == pytest.approx([0, 1 / 2, 0, 1 / 4, 2 / 4, 3 / 4])
+    assert spy.active == [False, True, False, False, True, True]
+
+
+def test_progress_falls_back_to_sampling_step_without_a_call_count():
+    class Params:
+        sampling_step, total_sampling_steps, denoiser = 3, 4, object()
+
+    assert ext.sampling_progress(Params()) == 3 / 4
 
 
 def test_checkpoint_switch_leaves_no_patch_on_the_old_model(webui, sd_model):

@@ -42,6 +42,22 @@ def seed_for(settings: ToMeSettings, image_seed: int | None) -> int:
     return int(image_seed) % 2**32
 
 
+def sampling_progress(params: Any) -> float:
+    """Fraction of the pass's sampling steps done when the denoiser is called (``CFGDenoiserParams``).
+
+    The step index comes from the denoiser's own call count (``step``, ``steps``, ``total_steps``: the
+    count the WebUI's ``skip_early_cond`` uses; ``total_steps`` is twice ``steps`` for second-order
+    samplers), because ``params.sampling_step`` is set by the sampler's callback after a step's first
+    call and so reads 0, 0, 1, 2, … with Euler. Denoisers without that count fall back to it.
+    """
+    denoiser = getattr(params, "denoiser", None)
+    calls, steps, total = (getattr(denoiser, name, None) for name in ("step", "steps", "total_steps"))
+    if all(isinstance(v, int) for v in (calls, steps, total)) and 0 < steps <= total:
+        return min(calls // (total // steps) / steps, 1.0)
+    total = max(int(getattr(params, "total_sampling_steps", 0) or 0), 1)
+    return min(int(params.sampling_step) / total, 1.0)
+
+
 # --- per-generation state ---------------------------------------------------------------------------
 
 

@@ -14,7 +14,8 @@ on the instance (ControlNet's reference-only) keep working:
 
 Step schedule: the patch is active while ``start <= progress < end`` (``end == 1`` includes the last
 step). ``progress`` is what the caller reports through :meth:`Patch.set_progress` (the WebUI script:
-``sampling_step / total_sampling_steps``, restarting at 0 for the hires pass); when nothing was
+step index / steps of the sampling pass, see ``extension.sampling_progress``; the hires pass restarts
+at 0); when nothing was
 reported it is derived from the UNet call's timestep as ``1 - t / 1000`` (a 1000-step DDPM
 schedule). An inactive call touches nothing, so it is bit-identical to the unpatched model.
 

@@ -1,7 +1,10 @@
 """Double of the k-diffusion sampler path (modules/sd_samplers.py, sd_samplers_kdiffusion.py, k_diffusion).
 
-Every sampler name runs the same deterministic Euler loop (k_diffusion.sampling.sample_euler without churn):
-``denoised = CFGDenoiser(x, sigma)``; ``callback_state({'i': i})``; ``x += (x - denoised) / sigma * dt``.
+Every sampler name but "Heun" runs the same deterministic Euler loop (k_diffusion.sampling.sample_euler
+without churn): ``denoised = CFGDenoiser(x, sigma)``; ``callback_state({'i': i})``; ``x += d * dt``.
+"Heun" is second order (k_diffusion.sampling.sample_heun without churn): a second denoiser call at
+sigma[i+1] AFTER step i's callback, except on the last step; its SamplerData says ``second_order`` so that
+``CFGDenoiser.total_steps`` is twice the steps, as in the real sd_samplers_kdiffusion.py.
 The inner model is a CompVisDenoiser (eps parameterisation): ``c_in = 1/sqrt(sigma^2+1)``,
 ``eps = sd_model.apply_model(x * c_in, t(sigma), cond)`` -> ``x - eps * sigma``; sigmas are the model's
 discrete sigmas spaced uniformly in t (the "Automatic" schedule of Euler).
@@ -19,7 +22,7 @@ import torch
 from modules import sd_samplers_cfg_denoiser, sd_samplers_common
 from modules.shared import opts
 
-samplers_names = ["DPM++ 2M", "Euler", "Euler a", "DDIM"]
+samplers_names = ["DPM++ 2M", "Euler", "Euler a", "DDIM", "Heun"]
 """the first is the default, as samplers[0] in the real sd_samplers.py"""
 
 
@@ -71,7 +74,13 @@ class EulerSamplerDouble(sd_samplers_common.Sampler):
             denoised = self.model_wrap_cfg(x, sigmas[i] * s_in, **extra_args)
             d = (x - denoised) / sigmas[i]
             self.callback_state({"x": x, "i": i, "sigma": sigmas[i], "sigma_hat": sigmas[i], "denoised": denoised})
-            x = x + d * (sigmas[i + 1] - sigmas[i])
+            dt = sigmas[i + 1] - sigmas[i]
+            if self.config.options.get("second_order") and sigmas[i + 1] != 0:
+                x_2 = x + d * dt
+                d_2 = (x_2 - self.model_wrap_cfg(x_2, sigmas[i + 1] * s_in, **extra_args)) / sigmas[i + 1]
+                x = x + (d + d_2) / 2 * dt
+            else:
+                x = x + d * dt
         return x
 
     def _extra_args(self, p, conditioning, unconditional_conditioning, image_conditioning):
@@ -112,7 +121,11 @@ class EulerSamplerDouble(sd_samplers_common.Sampler):
 
 
 def create_sampler(name, model):
-    return EulerSamplerDouble(name or samplers_names[0], model)
+    name = name or samplers_names[0]
+    sampler = EulerSamplerDouble(name, model)
+    options = {"second_order": True} if name == "Heun" else {}
+    sampler.config = sd_samplers_common.SamplerData(name, EulerSamplerDouble, [], options)
+    return sampler
 
 
 def fix_p_invalid_sampler_and_scheduler(p):

@@ -4,12 +4,26 @@
 ``InterruptedException`` (raised by the CFG denoiser on interrupt/skip) into returning ``last_latent``: so an
 interrupted generation still decodes, runs postprocess hooks and returns normally. Any other exception
 (NansException, OOM, a failing UNet) propagates. ``callback_state`` (~L256-263) runs AFTER each step's
-denoiser call and sets ``state.sampling_step = i``: the denoiser of step i therefore sees the previous value
-(0, 0, 1, 2, ... for Euler), which is what ``CFGDenoiserParams.sampling_step`` carries in the real WebUI too.
+denoiser call and sets ``state.sampling_step = i``: the first denoiser call of step i therefore sees the
+previous value (0, 0, 1, 2, ... for Euler; 0, 0, 0, 1, 1, 2, ... for Heun, whose second call per step comes
+after the callback), which is what ``CFGDenoiserParams.sampling_step`` carries in the real WebUI too.
 """
+
+from collections import namedtuple
 
 from modules import shared
 from modules.shared import opts, state
+
+SamplerDataTuple = namedtuple("SamplerData", ["name", "constructor", "aliases", "options"])
+
+
+class SamplerData(SamplerDataTuple):
+    """mirrors ~L11-19: the expected number of denoiser calls is doubled for second-order samplers"""
+
+    def total_steps(self, steps):
+        if self.options.get("second_order", False):
+            steps = steps * 2
+        return steps
 
 
 class InterruptedException(BaseException):
@@ -40,6 +54,7 @@ class Sampler:
         self.model_wrap_cfg = None
         self.sampler_extra_args = None
         self.options = {}
+        self.config = None
 
     def callback_state(self, d):
         step = d["i"]
@@ -50,7 +65,7 @@ class Sampler:
 
     def launch_sampling(self, steps, func):
         self.model_wrap_cfg.steps = steps
-        self.model_wrap_cfg.total_steps = steps
+        self.model_wrap_cfg.total_steps = self.config.total_steps(steps)
         state.sampling_steps = steps
         state.sampling_step = 0
         try:
