@@ -39,3 +39,23 @@ def test_core_example_runs():
     exec(compile(code, "README.md", "exec"), scope)
     assert scope["eps"].shape == (2, 4, 16, 16)
     assert scope["tome_core"].get_patch(scope["unet"]) is None
+
+
+def _table(text: str, header: str) -> tuple[list[str], dict[str, list[str]]]:
+    """The column titles and rows (first cell -> the other cells) of the markdown table starting at ``header``."""
+    rows = []
+    for line in text[text.index(header) :].splitlines():
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows[0][1:], {row[0]: row[1:] for row in rows[2:]}
+
+
+def test_speedup_table_is_the_suites_last_run():
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+    suite_columns, suite = _table(results, "| model, size |")
+    readme_columns, readme = _table(README, "| model, size |")
+    picked = [suite_columns.index(column) for column in readme_columns]
+    assert readme and set(readme) <= set(suite)
+    for name, values in readme.items():
+        assert values == [suite[name][i] for i in picked], name
