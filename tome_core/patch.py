@@ -15,9 +15,8 @@ on the instance (ControlNet's reference-only) keep working:
 Step schedule: the patch is active while ``start <= progress < end`` (``end == 1`` includes the last
 step). ``progress`` is what the caller reports through :meth:`Patch.set_progress` (the WebUI script:
 step index / steps of the sampling pass, see ``extension.sampling_progress``; the hires pass restarts
-at 0); when nothing was
-reported it is derived from the UNet call's timestep as ``1 - t / 1000`` (a 1000-step DDPM
-schedule). An inactive call touches nothing, so it is bit-identical to the unpatched model.
+at 0); when nothing was reported it is derived from the UNet call's timestep as ``1 - t / 1000`` (a
+1000-step DDPM schedule). An inactive call touches nothing, so it is bit-identical to the unpatched model.
 
 Plan reuse: with ``share_plan`` the first block of each UNet level computes the plan and the level's
 other blocks of that forward reuse it; with ``plan_interval = k`` a plan is recomputed only every
