@@ -42,7 +42,7 @@ LAYOUT: tuple[tuple[str, ...], ...] = (
 
 
 def _cap_text(sx: float, sy: float) -> str:
-    cap = 1 - 1 / (int(sx) * int(sy))
+    cap = S.ratio_cap(int(sx), int(sy))
     return f"Ratio at most 1 - 1/(stride x · stride y) = **{cap:.3g}** for {int(sx)}×{int(sy)} strides."
 
 
@@ -101,7 +101,7 @@ class ToMeScript(scripts.Script):
 
     @staticmethod
     def _on_stride(sx: float, sy: float, ratio: float, hires_ratio: float) -> tuple[Any, Any, str]:
-        cap = round(1 - 1 / (int(sx) * int(sy)), 4)
+        cap = round(S.ratio_cap(int(sx), int(sy)), 4)
         return (
             gr.update(maximum=cap, value=min(ratio, cap)),
             gr.update(maximum=cap, value=min(hires_ratio, cap)),

@@ -191,7 +191,7 @@ def axes() -> list[Axis]:
             out.append(Axis(label, str, (name,), s.choices))
         else:
             out.append(Axis(label, int if s.kind == "int" else float, (name,)))
-    out.insert(5, Axis("[ToMe] Stride (XxY)", str, ("sx", "sy")))
+    out.insert(S.NAMES.index("sy") + 1, Axis("[ToMe] Stride (XxY)", str, ("sx", "sy")))
     return out
 
 

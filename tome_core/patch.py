@@ -163,13 +163,16 @@ class Patch:
     def seed(self) -> int:
         return max(self.settings.seed, 0)
 
-    def _max_downsample(self, level_downsample: int) -> int:
-        md = self.settings.max_downsample
-        if md != "auto":
-            return int(md)
-        if self.auto_downsample is None:  # no attention_resolutions: the first block of a forward is the highest level
+    def _highest_level(self, level_downsample: int) -> int:
+        """Downsample of the highest-resolution level with transformer blocks: from ``attention_resolutions``,
+        else the level of the first block seen (the first block of a forward is the highest level)."""
+        if self.auto_downsample is None:
             self.auto_downsample = level_downsample
         return self.auto_downsample
+
+    def _max_downsample(self, level_downsample: int) -> int:
+        md = self.settings.max_downsample
+        return self._highest_level(level_downsample) if md == "auto" else int(md)
 
     def set_progress(self, fraction: float | None) -> None:
         """Report sampling progress (0 at the first step, 1 at the end); ``None`` when unknown.
@@ -300,9 +303,7 @@ class Patch:
         level with transformer blocks, halved per level below it (at least 1), 1 above ``max_downsample``."""
         if downsample > self._max_downsample(downsample):
             return 1
-        if self.auto_downsample is None:  # no attention_resolutions: the first level seen is the highest
-            self.auto_downsample = downsample
-        base = self.auto_downsample
+        base = self._highest_level(downsample)
         return max(1, self.settings.downsample_factor * base // max(downsample, base))
 
     def _downsample_kv(self, call: _BlockCall, name: str, args: tuple, kwargs: dict) -> Any:

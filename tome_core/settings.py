@@ -233,8 +233,8 @@ class ToMeSettings:
     # --- derived values -------------------------------------------------------------------------
     @property
     def ratio_cap(self) -> float:
-        """The largest ratio the strides allow: every cell keeps one destination."""
-        return 1.0 - 1.0 / (self.sx * self.sy)
+        """The largest ratio these settings' strides allow."""
+        return ratio_cap(self.sx, self.sy)
 
     def check_ratio(self, value: float, name: str) -> None:
         if value > self.ratio_cap + 1e-9:
@@ -245,6 +245,11 @@ class ToMeSettings:
     def replace(self, **changes: Any) -> ToMeSettings:
         """A validated copy with some fields changed."""
         return from_dict({**to_dict(self), **changes})
+
+
+def ratio_cap(sx: int, sy: int) -> float:
+    """The largest ratio ``sx x sy`` strides allow: every cell keeps one destination."""
+    return 1.0 - 1.0 / (sx * sy)
 
 
 FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(ToMeSettings)
