@@ -123,8 +123,8 @@ beyond what ``hook`` needs, VAE encoding (replaced by a deterministic stand-in, 
 
 API summary
 ===========
-``make_tiny_unet(...)`` (ldm ``UNetModel``, SD1.5 layout, zero layers re-initialised), ``make_control_net(...)``
-(``PlugableControlModel`` around a tiny ``ControlNet``), ``make_adapter(...)`` (``PlugableAdapter`` around a tiny
+``make_control_net(...)`` (``PlugableControlModel`` around a tiny ``ControlNet``, for the SD1.5-layout UNet of
+``tests/models.make_unet``), ``make_adapter(...)`` (``PlugableAdapter`` around a tiny
 ``Adapter``), ``FakeSDModel(unet)`` (``p.sd_model``-like), ``ControlParams``, ``UnetHook``,
 ``clear_all_secondary_control_models``, ``reference_params`` / ``enable_reference_only`` /
 ``disable_reference_only``, ``ControlNetUnit``, ``ControlNetScript``, ``find_cn_script``, ``mark_context``.
@@ -174,7 +174,6 @@ __all__ = [
     "find_cn_script",
     "make_adapter",
     "make_control_net",
-    "make_tiny_unet",
     "mark_context",
     "reference_params",
     "reinit_zero_layers",
@@ -342,44 +341,6 @@ def _q_sample(sd_ldm: Any, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tenso
 # --------------------------------------------------------------------------------------------------------------
 # Models
 # --------------------------------------------------------------------------------------------------------------
-
-
-def make_tiny_unet(
-    *,
-    model_channels: int = 32,
-    context_dim: int = 32,
-    num_heads: int = 8,
-    use_checkpoint: bool = False,
-    seed: int = 0,
-    zero_scale: float = 1.0,
-) -> UNetModel:
-    """A real ldm ``UNetModel`` with the SD1.5 layout (v1-inference.yaml: channel_mult 1,2,4,4, 2 res blocks,
-    attention at ds 4,2,1, depth-1 transformers, 12 input / 12 output blocks) at tiny width.
-
-    ``model_channels`` must be a multiple of 32 (ldm's GroupNorm32).  ldm ``zero_module`` layers (ResBlock output
-    convs, SpatialTransformer ``proj_out``, final ``out`` conv) are re-initialised so every block matters.
-    Deterministic for a given ``seed``; the global RNG is untouched.  Latent inputs: 4 channels, H and W
-    multiples of 8.
-    """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        unet = UNetModel(
-            image_size=32,
-            in_channels=4,
-            out_channels=4,
-            model_channels=model_channels,
-            num_res_blocks=2,
-            attention_resolutions=[4, 2, 1],
-            channel_mult=[1, 2, 4, 4],
-            num_heads=num_heads,
-            use_spatial_transformer=True,
-            transformer_depth=1,
-            context_dim=context_dim,
-            use_checkpoint=use_checkpoint,
-            legacy=False,
-        )
-    reinit_zero_layers(unet, seed=seed + 1, scale=zero_scale)
-    return unet.eval()
 
 
 class ControlNet(nn.Module):
@@ -588,8 +549,8 @@ class PlugableAdapter(nn.Module):
 def make_control_net(
     *, context_dim: int = 32, model_channels: int = 32, seed: int = 100, zero_scale: float = 0.5, **kwargs
 ) -> PlugableControlModel:
-    """A ``PlugableControlModel`` around a tiny ``ControlNet`` matching ``make_tiny_unet`` (same ``context_dim`` and
-    ``model_channels``).  Zero convs / zero_module layers re-initialised with ``zero_scale``.  Hint: 3 x (8H) x (8W)
+    """A ``PlugableControlModel`` around a tiny ``ControlNet`` matching ``models.make_unet("sd15", context_dim=32)``
+    (same ``context_dim`` and ``model_channels``).  Zero convs / zero_module layers re-initialised with ``zero_scale``.  Hint: 3 x (8H) x (8W)
     for a latent of H x W."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -599,8 +560,8 @@ def make_control_net(
 
 
 def make_adapter(*, model_channels: int = 32, hint_channels: int = 3, seed: int = 200) -> PlugableAdapter:
-    """A ``PlugableAdapter`` around a tiny ``T2IAdapter`` whose levels match ``make_tiny_unet`` input blocks
-    2, 5, 8, 11 (channels m, 2m, 4m, 4m)."""
+    """A ``PlugableAdapter`` around a tiny ``T2IAdapter`` whose levels match the input blocks of
+    ``models.make_unet("sd15")``: 2, 5, 8, 11 (channels m, 2m, 4m, 4m)."""
     m = model_channels
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -8,6 +8,7 @@ import torch
 from ldm.modules.attention import BasicTransformerBlock, CrossAttention
 from ldm.modules.diffusionmodules.openaimodel import UNetModel
 from ldm.modules.diffusionmodules.util import timestep_embedding
+from models import make_unet
 
 H = W = 8  # latent size; hint is 8x larger
 
@@ -23,7 +24,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def models(_one_thread):
-    unet = cnd.make_tiny_unet()
+    unet = make_unet("sd15", context_dim=32, num_heads=8)
     return unet, cnd.make_control_net(), cnd.make_adapter()
 
 
@@ -231,7 +232,7 @@ def test_control_residuals_match_unet_skips_and_depend_on_hint(models):
 @torch.no_grad()
 def test_reference_only_capture_outlives_tomesd_remove_patch():
     tomesd = pytest.importorskip("tomesd")
-    unet = cnd.make_tiny_unet(seed=5)
+    unet = make_unet("sd15", context_dim=32, num_heads=8, seed=5)
     sd = cnd.FakeSDModel(unet)
     tomesd.apply_patch(sd, ratio=0.5)
     hook = cnd.enable_reference_only(unet, torch.zeros(1, 4, H, W), sd_ldm=sd)
