@@ -25,6 +25,7 @@ import controlnet_double as cnd  # noqa: E402
 from models import make_unet, photo_latents  # noqa: E402
 
 import tome_core  # noqa: E402
+from benchmarks.suite import write_section  # noqa: E402
 
 BEGIN, END = "<!-- controlnet:begin -->", "<!-- controlnet:end -->"
 
@@ -100,17 +101,6 @@ def table(rows, size: int, channels: int, rounds: int) -> str:
     return "\n".join(lines)
 
 
-def write_section(text: str) -> None:
-    path = ROOT / "benchmarks" / "RESULTS.md"
-    body = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
-    section = f"{BEGIN}\n## ToMe and ControlNet\n\n{text}\n{END}"
-    if BEGIN in body and END in body:
-        body = body[: body.index(BEGIN)] + section + body[body.index(END) + len(END) :]
-    else:
-        body = body.rstrip() + "\n\n" + section + "\n"
-    path.write_text(body, encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=1024)
@@ -124,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     text = table(measure(args.size, args.rounds, args.channels, args.heads), args.size, args.channels, args.rounds)
     print(text)
     if args.write:
-        write_section(text)
+        write_section(f"{BEGIN}\n## ToMe and ControlNet\n\n{text}\n{END}", BEGIN, END)
 
 
 if __name__ == "__main__":

@@ -451,14 +451,16 @@ def report(results: list[Result], args: argparse.Namespace, seconds: float) -> s
     return "\n".join(parts)
 
 
-def write(section: str) -> None:
-    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if BEGIN in old and END in old:
-        head, rest = old.split(BEGIN, 1)
-        new = head + section + rest.split(END, 1)[1]
+def write_section(section: str, begin: str = BEGIN, end: str = END) -> None:
+    """Put ``section`` (from ``begin`` to ``end``, markers included) into RESULTS.md in place of the one
+    there, or append it; the file's other sections are kept."""
+    old = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
+    if begin in old and end in old:
+        head, rest = old.split(begin, 1)
+        new = head + section + rest.split(end, 1)[1]
     else:
         new = old.rstrip() + "\n\n" + section + "\n"
-    RESULTS.write_text(new)
+    RESULTS.write_text(new, encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -481,7 +483,7 @@ def main(argv: list[str] | None = None) -> None:
     section = report(results, args, time.perf_counter() - start)
     print(issue2_table(results))
     if not args.no_write and not args.quick:  # the quick subset only prints: RESULTS.md holds the full run
-        write(section)
+        write_section(section)
         plot(results)
         print(f"wrote {RESULTS.relative_to(ROOT)} and {PLOT.relative_to(ROOT)}")
 
