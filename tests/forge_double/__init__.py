@@ -1,0 +1,1 @@
+"""A small test double of Stable Diffusion WebUI Forge (main at dfdcbab); see README.md."""
