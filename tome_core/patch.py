@@ -6,11 +6,16 @@ on the instance (ControlNet's reference-only) keep working:
 
 * a forward pre-hook on the root records the latent size and the timestep of each UNet call;
 * a forward pre/post-hook pair on each transformer block marks the block input ``x`` whose tokens
-  the merge plan is computed from (lazily, only if a merge target runs);
-* forward pre/post-hooks on ``attn1`` / ``attn2`` / ``ff`` merge their input and unmerge their output
-  (``method="merge"``), or a pre-hook on a self-attention ``attn1`` passes ``context=`` its input
+  the merge plan is computed from: lazily in ``attn1``'s pre-hook when ``attn1`` is the only merge target,
+  else in the block's pre-hook, since Forge's / ComfyUI's blocks add into ``x`` in place (``x += n``)
+  before ``attn2`` and ``ff`` run;
+* forward pre/post-hooks on ``attn1`` / ``attn2`` / ``ff`` merge their (first, positional) input and unmerge
+  their output (``method="merge"``), or a pre-hook on a self-attention ``attn1`` passes ``context=`` its input
   with the token grid subsampled, so that keys and values are downsampled and queries kept
-  (``method="downsample"``, ToDo).
+  (``method="downsample"``, ToDo). When keys/values reach ``attn1`` as ``context=``/``value=`` (a Forge
+  ``attn1_patch`` sets both to the block's ``n``): the very input tensor is merged (or downsampled) with
+  it, as if they had not been given; other full-length ones leave only the queries merged (ToDo: nothing),
+  which :meth:`Patch.report` counts.
 
 Step schedule: the patch is active while ``start <= progress < end`` (``end == 1`` includes the last
 step). ``progress`` is what the caller reports through :meth:`Patch.set_progress` (the WebUI script:
@@ -24,6 +29,10 @@ other blocks of that forward reuse it; with ``plan_interval = k`` a plan is reco
 the UNet calls of one step are numbered, so separate cond and uncond calls each reuse their own plan.
 
 Any call whose token count does not fit the recorded geometry runs unmerged (warned once).
+
+Where the patch cannot act, :meth:`Patch.report` says so: a module without transformer blocks (Forge's Flux,
+SD3, Chroma: patched with no hooks at all), blocks whose ``attn1`` never ran (replaced through Forge's
+``patches_replace``), ``attn1`` calls reduced to query merging or left without ToDo, blocks that did not fit.
 """
 
 from __future__ import annotations
@@ -31,8 +40,8 @@ from __future__ import annotations
 import inspect
 import logging
 import struct
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -48,11 +57,37 @@ _TARGETS = (("attn1", "merge_attn"), ("attn2", "merge_crossattn"), ("ff", "merge
 _MAX_LEVELS = 8
 
 
-def find_unet(model: nn.Module) -> nn.Module:
-    """The module to patch: ``model.model.diffusion_model`` if present (WebUI LatentDiffusion / SDXL
-    DiffusionEngine), else ``model`` itself."""
-    inner = getattr(getattr(model, "model", None), "diffusion_model", None)
-    return inner if isinstance(inner, nn.Module) else model
+def _attr(obj: Any, path: str) -> Any:
+    """``obj.a.b.c`` for ``path="a.b.c"``, or None if any step is missing or fails."""
+    for name in path.split("."):
+        try:
+            obj = getattr(obj, name, None)
+        except Exception:  # a property that raises (a model half loaded): nothing there
+            return None
+        if obj is None:
+            return None
+    return obj
+
+
+_UNET_PATHS = (
+    "forge_objects.unet.model.diffusion_model",  # Forge: ForgeDiffusionEngine (a plain object) -> UnetPatcher -> KModel
+    "model.diffusion_model",  # A1111 / Forge Classic LatentDiffusion, sgm DiffusionEngine; Forge's UnetPatcher
+    "diffusion_model",  # Forge's KModel, ldm's DiffusionWrapper
+)
+
+
+def find_unet(model: Any) -> nn.Module | None:
+    """The module that really runs, the one to patch and to clean: the first ``nn.Module`` at one of
+    ``forge_objects.unet.model.diffusion_model`` (a Forge engine), ``model.diffusion_model`` (WebUI
+    LatentDiffusion / SDXL DiffusionEngine, Forge Classic, a Forge ``UnetPatcher``), ``diffusion_model``
+    (a Forge ``KModel``, whose own hooks would never fire: Forge calls ``apply_model``), else ``model``
+    itself if it is a module. None when there is no module (Forge's ``FakeInitialModel``, ``None``).
+    Patching, :func:`get_patch` and :func:`remove_patch` all resolve through it."""
+    for path in _UNET_PATHS:
+        inner = _attr(model, path)
+        if isinstance(inner, nn.Module):
+            return inner
+    return model if isinstance(model, nn.Module) else None
 
 
 def is_transformer_block(module: nn.Module) -> bool:
@@ -116,6 +151,64 @@ class _BlockCall:
     ordinal: int
     plan: tm.MergePlan | None = None
     planned: bool = False
+    attn1_ran: bool = False
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    """What the patch could not merge, counted since it was applied or :meth:`Patch.reset_report`; the
+    host words it (Forge's ``ToMe note``). Counts of blocks are of distinct transformer blocks.
+
+    * ``blocks``: transformer blocks in the patched module; 0 means nothing can be merged (Flux, SD3, Chroma).
+    * ``forwards``: forwards of the patched module seen (0 with ``blocks == 0``: no hooks at all).
+    * ``attn1_skipped``: blocks that ran inside the step schedule at a level ToMe acts on, with ``attn1`` a
+      target (``merge_attn`` or ToDo), whose ``attn1`` module was never called (replaced by another
+      extension through Forge's ``patches_replace``: reference-only, StyleAlign, SAG).
+    * ``query_only``: blocks whose ``attn1`` got full-length keys/values other than its input (an
+      ``attn1_patch``, e.g. ControlLLLite): only the queries were merged there.
+    * ``todo_off``: the same with ``method="downsample"``: keys/values were left as given, no ToDo there.
+    * ``unfit``: blocks that ran unmerged because their token count did not fit the latent size (warned).
+    """
+
+    blocks: int
+    forwards: int = 0
+    attn1_skipped: int = 0
+    query_only: int = 0
+    todo_off: int = 0
+    unfit: int = 0
+
+    @property
+    def merged_everywhere(self) -> bool:
+        """Nothing to report: every block ToMe acts on was merged as configured."""
+        return not self.notes
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """Short, host-independent phrases, one per kind of shortfall (empty when there is none)."""
+        if self.blocks == 0:
+            return ("no UNet transformer blocks in this model: nothing merged",)
+        of = f"of {self.blocks} blocks"
+        counts = (
+            (
+                self.attn1_skipped,
+                f"self-attention not merged in {self.attn1_skipped} {of} (attn1 replaced by another extension)",
+            ),
+            (self.query_only, f"only queries merged in {self.query_only} {of} (an attn1 patch set keys/values)"),
+            (self.todo_off, f"no token downsampling in {self.todo_off} {of} (an attn1 patch set keys/values)"),
+            (self.unfit, f"{self.unfit} {of} unmerged (token count does not fit the latent size)"),
+        )
+        return tuple(text for count, text in counts if count)
+
+
+@dataclass
+class _Shortfalls:
+    """The sets behind :class:`MergeReport`: indices into ``Patch.blocks``."""
+
+    forwards: int = 0
+    attn1_skipped: set[int] = field(default_factory=set)
+    query_only: set[int] = field(default_factory=set)
+    todo_off: set[int] = field(default_factory=set)
+    unfit: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -147,17 +240,23 @@ class Patch:
         self._warned: set[str] = set()
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self.blocks = list(transformer_blocks(root))
+        self._index = {id(block): i for i, block in enumerate(self.blocks)}
+        self._shortfalls = _Shortfalls()
+        self._plans_in_block_pre = settings.method == "merge" and (settings.merge_crossattn or settings.merge_mlp)
         self.auto_downsample = self._auto_downsample()
         self._install()
 
     # --- configuration ------------------------------------------------------------------------
     def _auto_downsample(self) -> int | None:
+        """The highest level with transformer blocks, from the module's configuration: ldm's
+        ``attention_resolutions``, else Forge's ``config`` (``transformer_depth`` per input res-block,
+        ``num_res_blocks``, ``channel_mult``); None when neither says (the first block seen decides)."""
         res = getattr(self.root, "attention_resolutions", None)
         try:
             values = [int(v) for v in res] if res is not None else []
         except (TypeError, ValueError):
             values = []
-        return min(values) if values else None
+        return min(values) if values else _first_level_with_blocks(self.root)
 
     @property
     def seed(self) -> int:
@@ -194,7 +293,10 @@ class Patch:
 
     # --- hooks ------------------------------------------------------------------------------------
     def _install(self) -> None:
-        """Register every hook, or none: a failure part-way removes those already registered."""
+        """Register every hook, or none: a failure part-way removes those already registered. A module
+        without transformer blocks gets none (there is nothing to merge; :meth:`report` says so)."""
+        if not self.blocks:
+            return
         try:
             self._handles.append(self.root.register_forward_pre_hook(self._root_pre, with_kwargs=True))
             for block in self.blocks:
@@ -219,6 +321,7 @@ class Patch:
             del self.root.__dict__[_ATTR]
 
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._shortfalls.forwards += 1
         x = args[0] if args else kwargs.get("x")
         if isinstance(x, torch.Tensor) and x.dim() == 4:
             self.size = (int(x.shape[2]), int(x.shape[3]))
@@ -255,9 +358,17 @@ class Patch:
         ok = self.active and isinstance(x, torch.Tensor) and x.dim() == 3
         self.current = _BlockCall(block, x, self.ordinal) if ok else None
         self.ordinal += 1
+        if self.current is not None and self._plans_in_block_pre:
+            self._plan(self.current)  # before the block adds into x in place (Forge, ComfyUI)
 
     def _block_post(self, block: nn.Module, args: tuple, output: Any) -> None:
-        self.current = None
+        call, self.current = self.current, None
+        s = self.settings
+        if call is None or call.attn1_ran or not (s.merge_attn or s.method == "downsample"):
+            return
+        geometry = self._geometry(call.x.shape[1], warn=False)
+        if geometry is not None and geometry[0] <= self._max_downsample(geometry[0]):
+            self._shortfalls.attn1_skipped.add(self._index[id(block)])
 
     def _make_sub_pre(self, block: nn.Module, name: str):
         flag = dict(_TARGETS)[name]
@@ -267,6 +378,8 @@ class Patch:
             call = self.current
             if call is None or call.block is not block:
                 return None
+            if name == "attn1":
+                call.attn1_ran = True
             if self.settings.method == "downsample":
                 return self._downsample_kv(call, name, args, kwargs)
             if not getattr(self.settings, flag):
@@ -285,11 +398,25 @@ class Patch:
                 return None
             self._active[id(sub)] = plan
             merged = plan.merge(hidden)
+            if name == "attn1" and self._own_kv(call, hidden, args, kwargs, "query_only"):
+                args = tuple(merged if t is hidden else t for t in args)
+                kwargs = {k: merged if t is hidden else t for k, t in kwargs.items()}
             if args:
                 return (merged, *args[1:]), kwargs
             return args, {**kwargs, "x": merged}
 
         return hook
+
+    def _own_kv(self, call: _BlockCall, hidden: torch.Tensor, args: tuple, kwargs: dict, kind: str) -> bool:
+        """Whether ``attn1``'s keys and values come from its input: none given (``context=``/``value=`` or a
+        positional context), or the input tensor itself (Forge's ``attn1_patch`` protocol sets both to ``n``).
+        Otherwise only the queries may change; that is counted under ``kind`` unless ``attn1`` is
+        cross-attention here (``disable_self_attn``, where keys and values are never merged)."""
+        if all(t is None or t is hidden for t in (*args[1:2], kwargs.get("context"), kwargs.get("value"))):
+            return True
+        if not getattr(call.block, "disable_self_attn", False):
+            getattr(self._shortfalls, kind).add(self._index[id(call.block)])
+        return False
 
     def _sub_post(self, sub: nn.Module, args: tuple, output: Any) -> Any:
         plan = self._active.pop(id(sub), None)
@@ -309,9 +436,9 @@ class Patch:
     def _downsample_kv(self, call: _BlockCall, name: str, args: tuple, kwargs: dict) -> Any:
         if name != "attn1" or not args or not isinstance(args[0], torch.Tensor) or args[0].dim() != 3:
             return None
-        if kwargs.get("context") is not None or (len(args) > 1 and args[1] is not None):
-            return None  # attn1 is cross-attention here (disable_self_attn): leave it alone
         hidden = args[0]
+        if not self._own_kv(call, hidden, args, kwargs, "todo_off"):
+            return None
         geometry = self._geometry(hidden.shape[1])
         if geometry is None:
             return None
@@ -319,7 +446,11 @@ class Patch:
         factor = self._kv_factor(downsample)
         if factor <= 1:
             return None
-        return args[:1], {**kwargs, "context": tm.downsample_tokens(hidden, h, w, factor)}
+        down = tm.downsample_tokens(hidden, h, w, factor)
+        kwargs = {**kwargs, "context": down}
+        if kwargs.get("value") is not None:  # it is the input: downsampled with the keys; None stays None
+            kwargs["value"] = down  # (Forge's CrossAttention then takes the values from ``context``)
+        return args[:1], kwargs
 
     # --- planning ---------------------------------------------------------------------------------
     def _plan(self, call: _BlockCall) -> tm.MergePlan | None:
@@ -344,12 +475,17 @@ class Patch:
             self._plans[key] = _CachedPlan(self._step, plan)
         return plan
 
-    def _geometry(self, num_tokens: int) -> tuple[int, int, int] | None:
-        """``(downsample, h, w)`` of the level with ``num_tokens`` tokens; None (warned once) if none fits."""
+    def _geometry(self, num_tokens: int, warn: bool = True) -> tuple[int, int, int] | None:
+        """``(downsample, h, w)`` of the level with ``num_tokens`` tokens; None (warned once, the running
+        block counted as unfit) if none fits."""
         if self.size is not None:
             for level in level_sizes(*self.size):
                 if level[1] * level[2] == num_tokens:
                     return level
+        if not warn:
+            return None
+        if self.current is not None:
+            self._shortfalls.unfit.add(self._index[id(self.current.block)])
         self._warn_once(
             "geometry",
             f"ToMe: a block with {num_tokens} tokens does not fit the latent size {self.size}; it runs unmerged",
@@ -383,27 +519,74 @@ class Patch:
         generator = torch.Generator().manual_seed(_mix(self.forward_key, ordinal))
         return tm.make_partition(h, w, s.sx, s.sy, generator, device)
 
+    # --- what was not merged ----------------------------------------------------------------------
+    def report(self) -> MergeReport:
+        """What could not be merged since the patch was applied or :meth:`reset_report` (see
+        :class:`MergeReport`; its ``notes`` are the phrases a host shows). Never raises."""
+        f = self._shortfalls
+        return MergeReport(
+            blocks=len(self.blocks),
+            forwards=f.forwards,
+            attn1_skipped=len(f.attn1_skipped),
+            query_only=len(f.query_only),
+            todo_off=len(f.todo_off),
+            unfit=len(f.unfit),
+        )
+
+    def reset_report(self) -> None:
+        """Start counting afresh (e.g. at the start of each sampling pass)."""
+        self._shortfalls = _Shortfalls()
+
     def _warn_once(self, kind: str, message: str) -> None:
         if kind not in self._warned:
             self._warned.add(kind)
             log.warning(message)
 
 
-def get_patch(model: nn.Module) -> Patch | None:
-    """The patch on ``model`` (or on the UNet it holds), if any."""
-    return find_unet(model).__dict__.get(_ATTR)
+def _first_level_with_blocks(root: nn.Module) -> int | None:
+    """Downsample factor of the highest level with transformer blocks from a Forge-style ``config``
+    (huggingface_guess's: ``transformer_depth`` per input res-block, ``num_res_blocks``, ``channel_mult``),
+    or the same attributes on the module; None when they are missing or do not add up."""
+    config = getattr(root, "config", None)
+    config = config if isinstance(config, Mapping) else {}
+    depth, nrb, mult = (
+        config.get(k, getattr(root, k, None)) for k in ("transformer_depth", "num_res_blocks", "channel_mult")
+    )
+    try:
+        depth = [int(d) for d in depth]
+        nrb = [int(nrb)] * len(mult) if isinstance(nrb, int) else [int(n) for n in nrb]
+    except (TypeError, ValueError):
+        return None
+    if sum(nrb) != len(depth):
+        return None
+    start = 0
+    for level, count in enumerate(nrb):
+        if any(depth[start : start + count]):
+            return 2**level
+        start += count
+    return None
 
 
-def apply_settings(model: nn.Module, settings: ToMeSettings) -> Patch:
-    """Patch ``model`` with validated settings, replacing (never stacking on) a patch already there."""
+def get_patch(model: Any) -> Patch | None:
+    """The patch on ``model`` (or on the UNet :func:`find_unet` resolves), if any."""
     root = find_unet(model)
+    return None if root is None else root.__dict__.get(_ATTR)
+
+
+def apply_settings(model: Any, settings: ToMeSettings) -> Patch:
+    """Patch the UNet :func:`find_unet` resolves with validated settings, replacing (never stacking on) a
+    patch already there. A model without transformer blocks gets a patch that merges nothing and says so
+    (:meth:`Patch.report`); ``TypeError`` (nothing patched) when there is no module at all."""
+    root = find_unet(model)
+    if root is None:
+        raise TypeError(f"ToMe: no UNet module in {type(model).__name__}")
     remove_patch(root)
     patch = Patch(root, settings)
     root.__dict__[_ATTR] = patch
     return patch
 
 
-def remove_patch(model: nn.Module) -> nn.Module:
+def remove_patch(model: Any) -> Any:
     """Remove our patch from ``model`` (or the UNet it holds); a no-op if it has none. Returns ``model``."""
     patch = get_patch(model)
     if patch is not None:
