@@ -437,14 +437,12 @@ class Patch:
         if name != "attn1" or not args or not isinstance(args[0], torch.Tensor) or args[0].dim() != 3:
             return None
         hidden = args[0]
-        if not self._own_kv(call, hidden, args, kwargs, "todo_off"):
-            return None
         geometry = self._geometry(hidden.shape[1])
         if geometry is None:
             return None
         downsample, h, w = geometry
         factor = self._kv_factor(downsample)
-        if factor <= 1:
+        if factor <= 1 or not self._own_kv(call, hidden, args, kwargs, "todo_off"):
             return None
         down = tm.downsample_tokens(hidden, h, w, factor)
         kwargs = {**kwargs, "context": down}
