@@ -7,7 +7,10 @@ needs no WebUI lives in ``tome_core``.
 Lifecycle: ``setup`` ties clean-up to ``p.close()`` (which the WebUI calls in a ``with closing(p)``
 even after an error), ``before_process`` removes anything of ours left from before and validates,
 ``process_before_every_sampling`` patches the model about to sample (first pass, hires pass, img2img)
-and ControlNet's models, ``postprocess`` and ``p.close()`` remove every patch.
+and Mikubill's ControlNet models, the first denoiser call of each pass patches Forge's ControlNet models
+(a ControlLora's exists only once sampling has started) and a model the refiner switched in,
+``post_sample`` writes what could not be merged, ``postprocess`` and ``p.close()`` remove every patch.
+The model is always resolved by ``tome_core.find_unet`` (WebUI, Forge Classic, Forge engine alike).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from modules import script_callbacks, shared
 from modules.ui_components import InputAccordion
 
 from tome_core import extension as ext
+from tome_core import forge_controlnet
 from tome_core import settings as S
 from tome_core.controlnet import control_models
 
@@ -158,38 +162,80 @@ class ToMeScript(scripts.Script):
         # the hires pass: p.is_hr_pass in 1.10; before_hr's flag where it is missing (consumed here, so
         # that the next batch iteration's first pass is not taken for a hires pass)
         hires, run.hires_pending = bool(getattr(p, "is_hr_pass", run.hires_pending)), False
-        registry.clear(shared.sd_model)
+        _unpatch(run)
         x = kwargs.get("x")
         height, width = (int(x.shape[-2]) * 8, int(x.shape[-1]) * 8) if x is not None else (p.height, p.width)
         if run.too_small(width, height):
-            note = f"{'hires' if hires else 'first'} pass {width}x{height} is below the minimum size {run.settings.min_size} px: not merged"
-            p.extra_generation_params[ext.NOTE_KEY] = note
+            run.note(
+                f"{'hires' if hires else 'first'} pass {width}x{height} is below the minimum size {run.settings.min_size} px: not merged"
+            )
+            p.extra_generation_params[ext.NOTE_KEY] = run.note_text
             return
         seeds = getattr(p, "seeds", None)
         settings = run.pass_settings(seeds[0] if seeds else getattr(p, "seed", None), hires)
-        try:
-            registry.apply(p.sd_model, settings)
-            if settings.merge_controlnet:
-                for model in control_models(p, run.notes):
-                    registry.apply(model, settings)
-        except Exception as error:  # never leave a half-patched model behind
-            registry.clear(shared.sd_model)
-            _report(p, ext.describe_error(error))
+        control = [*control_models(p, run.notes)] if settings.merge_controlnet else []
+        if not _patch(p, run, settings, [shared.sd_model, *control]):
             return
         if settings.use_rand:
             p.extra_generation_params[S.spec("seed").infotext] = settings.seed
         if run.notes:
-            p.extra_generation_params[ext.NOTE_KEY] = "; ".join(run.notes)
+            p.extra_generation_params[ext.NOTE_KEY] = run.note_text
+
+    def post_sample(self, p: Any, ps: Any, *args: Any) -> None:
+        """After the sampling passes of a batch, before its infotext: say what could not be merged."""
+        run: ext.Run | None = getattr(p, RUN_ATTR, None)
+        if run is not None:
+            run.note(*registry.shortfalls())
+            if run.notes:
+                p.extra_generation_params[ext.NOTE_KEY] = run.note_text
 
     def postprocess(self, p: Any, processed: Any, *args: Any) -> None:
         registry.clear(shared.sd_model)
+
+
+def _unpatch(run: ext.Run) -> None:
+    """Remove every patch (keeping what they could not merge for the note): between passes and on failure."""
+    run.note(*registry.shortfalls())
+    registry.clear(shared.sd_model)
+    run.current = None
+
+
+def _patch(p: Any, run: ext.Run, settings: S.ToMeSettings, models: list[Any]) -> bool:
+    """Patch ``models`` (the model that samples, control models); all or nothing: on an error every patch is
+    removed and the error reported, not raised."""
+    try:
+        for model in models:
+            registry.apply(model, settings)
+    except Exception as error:  # never leave a half-patched model behind
+        _unpatch(run)
+        _report(p, ext.describe_error(error))
+        return False
+    run.current = settings
+    return True
 
 
 # --- callbacks --------------------------------------------------------------------------------------
 
 
 def _on_cfg_denoiser(params: Any) -> None:
-    """Sampling progress for the step schedule and plan reuse; each sampling pass starts again at 0."""
+    """Sampling progress for the step schedule and plan reuse (each sampling pass starts again at 0). Also
+    follows the model: a UNet the refiner switched in mid-sampling is patched (the old one cleaned), and at a
+    pass's first call the control models Forge's ControlNet attached (ControlLora's exist only from here on)."""
+    denoiser = getattr(params, "denoiser", None)
+    p = getattr(denoiser, "p", None)
+    run: ext.Run | None = getattr(p, RUN_ATTR, None)
+    if run is not None and run.current is not None:
+        settings = run.current
+        models = []
+        if not registry.patched(shared.sd_model):  # the refiner switched models: follow it
+            _unpatch(run)
+            models = (
+                [shared.sd_model, *control_models(p, run.notes)] if settings.merge_controlnet else [shared.sd_model]
+            )
+        if models or getattr(denoiser, "step", None) == 0:
+            control = forge_controlnet.control_models(shared.sd_model) if settings.merge_controlnet else ()
+            models += [m for m in control if not registry.patched(m)]
+            _patch(p, run, settings, models)
     registry.set_progress(ext.sampling_progress(params))
 
 
@@ -211,7 +257,6 @@ def _on_before_ui() -> None:
                 axis.label,
                 axis.type,
                 lambda p, x, xs, axis=axis: axis.apply(p, x),
-                format_value=xyz.format_value_add_label,
                 confirm=lambda p, xs, axis=axis: axis.confirm(xs),
                 choices=(lambda axis=axis: list(axis.choices)) if axis.choices else None,
             )

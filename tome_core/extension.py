@@ -63,26 +63,27 @@ def sampling_progress(params: Any) -> float:
 
 class PatchRegistry:
     """Every module this extension patched, so that one call removes them all, whatever happened since
-    (a checkpoint switch keeps the old model in the WebUI's cache, with its hooks)."""
+    (a checkpoint switch keeps the old model in the WebUI's cache, with its hooks). Models are resolved with
+    :func:`find_unet` (a WebUI model, a Forge engine, a control model), here as in patching."""
 
     def __init__(self) -> None:
         self._roots: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
-    def apply(self, model: nn.Module, settings: ToMeSettings) -> None:
-        root = find_unet(model)
-        apply_settings(root, settings)
-        self._roots.add(root)
+    def apply(self, model: Any, settings: ToMeSettings) -> None:
+        self._roots.add(apply_settings(model, settings).root)
 
-    def remove(self, model: nn.Module) -> None:
-        remove_patch(model)
-        self._roots.discard(find_unet(model))
-
-    def clear(self, *also: nn.Module | None) -> None:
-        """Remove our patch from every module we patched and from ``also`` (defensive: a reloaded script
-        has an empty registry but the model may still carry a patch of ours)."""
-        for root in [*self._roots, *(m for m in also if isinstance(m, nn.Module))]:
-            remove_patch(root)
+    def clear(self, *also: Any) -> None:
+        """Remove our patch from every module we patched and from the UNet of each of ``also`` (defensive: a
+        reloaded script has an empty registry but the model may still carry a patch of ours)."""
+        for root in [*self._roots, *(find_unet(m) for m in also if m is not None)]:
+            if root is not None:
+                remove_patch(root)
         self._roots.clear()
+
+    def patched(self, model: Any) -> bool:
+        """Whether the UNet of ``model`` carries a patch of ours."""
+        root = find_unet(model)
+        return root is not None and root in self._roots and get_patch(root) is not None
 
     def set_progress(self, fraction: float | None) -> None:
         """Report sampling progress to every live patch (the step schedule and plan reuse read it)."""
@@ -90,6 +91,16 @@ class PatchRegistry:
             patch = get_patch(root)
             if patch is not None:
                 patch.set_progress(fraction)
+
+    def shortfalls(self) -> list[str]:
+        """What the live patches could not merge (:meth:`Patch.report`), one phrase per kind and model."""
+        out: list[str] = []
+        for root in list(self._roots):
+            patch = get_patch(root)
+            for note in patch.report().notes if patch is not None else ():
+                if note not in out:
+                    out.append(note)
+        return out
 
     def __len__(self) -> int:
         return sum(1 for root in self._roots if get_patch(root) is not None)
@@ -101,6 +112,7 @@ class Run:
 
     settings: ToMeSettings
     hires_pending: bool = False  # before_hr was called; the next sampling is the hires pass
+    current: ToMeSettings | None = None  # the sampling pass's settings while its model is patched
     notes: list[str] = field(default_factory=list)
 
     def pass_settings(self, image_seed: int | None, hires: bool) -> ToMeSettings:
@@ -111,6 +123,15 @@ class Run:
 
     def too_small(self, width: int, height: int) -> bool:
         return 0 < min(width, height) < self.settings.min_size
+
+    def note(self, *texts: str) -> None:
+        """Add what ToMe could not do (each text once, in order)."""
+        self.notes.extend(t for t in texts if t not in self.notes)
+
+    @property
+    def note_text(self) -> str | None:
+        """The ``ToMe note`` infotext value, or None when there is nothing to say."""
+        return "; ".join(self.notes) if self.notes else None
 
 
 def infotext(settings: ToMeSettings, used_seed: int | None) -> dict[str, Any]:
