@@ -1,43 +1,23 @@
 """Double of Forge Classic's ``extensions-builtin/xyz/lib_xyz/classes.py`` (``classic`` at ``1f95d71``): ``AxisOption``
-lives here with ``format_value_add_label`` (from ``lib_xyz.axis_format``) as its default formatter; the grid script
-imports only the class, so ``format_value_add_label`` is NOT in the grid module's namespace."""
+lives here, with ``format_value_add_label`` (from ``lib_xyz.axis_format``) as its default formatter; the grid script
+imports only the classes, so ``format_value_add_label`` is NOT in the grid module's namespace.
+
+The classes themselves are those of WebUI 1.10.1's grid, taken from the WebUI double's grid module."""
+
+import importlib.util
+import os
+
+_WEBUI_GRID = os.path.join(os.path.dirname(__file__), *[".."] * 4, "webui_double", "builtin_scripts", "xyz_grid.py")
 
 
-def format_value_add_label(p, opt, x):
-    if type(x) is float:
-        x = round(x, 8)
-    return f"{opt.label}: {x}"
+def _webui_grid():
+    spec = importlib.util.spec_from_file_location("webui_xyz_grid_for_classic", os.path.normpath(_WEBUI_GRID))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class AxisOption:
-    def __init__(
-        self,
-        label,
-        type,
-        apply,
-        format_value=format_value_add_label,
-        confirm=None,
-        cost=0.0,
-        choices=None,
-        prepare=None,
-    ):
-        self.label = label
-        self.type = type
-        self.apply = apply
-        self.format_value = format_value
-        self.confirm = confirm
-        self.cost = cost
-        self.prepare = prepare
-        self.choices = choices
-
-
-class AxisOptionImg2Img(AxisOption):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.is_img2img = True
-
-
-class AxisOptionTxt2Img(AxisOption):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.is_img2img = False
+_grid = _webui_grid()
+AxisOption = _grid.AxisOption
+AxisOptionImg2Img = _grid.AxisOptionImg2Img
+AxisOptionTxt2Img = _grid.AxisOptionTxt2Img
