@@ -61,6 +61,23 @@ def inputs(batch: int, size: tuple[int, int], seed: int = 0, t: float = 601.0):
     return photo_latents(batch, *size, seed), torch.full((batch,), t), ctx
 
 
+@contextlib.contextmanager
+def patched(*unets: nn.Module, **settings):
+    """The modules patched with ``settings`` inside the block (its value: their patches), unpatched after it."""
+    try:
+        yield [tome_core.apply_patch(unet, **settings) for unet in unets]
+    finally:
+        for unet in unets:
+            tome_core.remove_patch(unet)
+
+
+def ours_on_both(pairs, layout: str, x, t, ctx, **settings) -> tuple[torch.Tensor, torch.Tensor]:
+    """Our patch's output on the ldm UNet and on the Forge-layout one with the same weights."""
+    ldm, forge = pairs[layout]
+    with forge_upsampling(ldm), patched(ldm, forge, **settings):
+        return ldm(x, t, ctx), forge_run(forge, x, t, ctx)
+
+
 def forge_run(unet, x, t, ctx, transformer_options=None):
     """As ``KModel.apply_model`` calls it: timesteps positional, the rest by keyword (k_model.py:45)."""
     return unet(x, t, context=ctx, control=None, transformer_options=transformer_options or {})
@@ -122,7 +139,7 @@ def _settings(targets, ratio, max_downsample, sx, sy, use_rand):
 def test_forge_layout_patched_equals_ldm_patched_and_tomesd(
     pairs, layout, targets, ratio, max_downsample, sx, sy, batch, size
 ):
-    ldm, forge = pairs[layout]
+    ldm = pairs[layout][0]
     x, t, ctx = inputs(batch, size)
     settings = _settings(targets, ratio, max_downsample, sx, sy, use_rand=False)
     with forge_upsampling(ldm):
@@ -133,16 +150,7 @@ def test_forge_layout_patched_equals_ldm_patched_and_tomesd(
             ref = ldm(x, t, ctx)
         finally:
             tomesd.remove_patch(holder)
-        tome_core.apply_patch(ldm, **settings)
-        try:
-            ours_ldm = ldm(x, t, ctx)
-        finally:
-            tome_core.remove_patch(ldm)
-    tome_core.apply_patch(forge, **settings)
-    try:
-        ours_forge = forge_run(forge, x, t, ctx)
-    finally:
-        tome_core.remove_patch(forge)
+    ours_ldm, ours_forge = ours_on_both(pairs, layout, x, t, ctx, **settings)
     assert rel(ref, base) > 1e-4, "the merge must change the output, or the comparison proves nothing"
     assert torch.equal(ours_forge, ours_ldm)
     assert rel(ours_forge, ref) < 1e-5
@@ -151,40 +159,21 @@ def test_forge_layout_patched_equals_ldm_patched_and_tomesd(
 @pytest.mark.parametrize("layout,targets", [("sd15", "crossattn"), ("sd15", "all"), ("sdxl", "mlp")])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_seeded_random_partition_same_on_both_layouts(pairs, layout, targets, batch):
-    ldm, forge = pairs[layout]
     x, t, ctx = inputs(batch, (32, 40), seed=3)
     settings = dict(_settings(targets, 0.5, 2, 2, 2, use_rand=True), seed=1234)
-    tome_core.apply_patch(ldm, **settings)
-    try:
-        ours_ldm = ldm(x, t, ctx)
-    finally:
-        tome_core.remove_patch(ldm)
-    tome_core.apply_patch(forge, **settings)
-    try:
-        ours_forge = forge_run(forge, x, t, ctx)
-    finally:
-        tome_core.remove_patch(forge)
-    assert rel(ours_ldm, ldm(x, t, ctx)) > 1e-4
+    ours_ldm, ours_forge = ours_on_both(pairs, layout, x, t, ctx, **settings)
+    assert rel(ours_ldm, pairs[layout][0](x, t, ctx)) > 1e-4
     assert torch.equal(ours_forge, ours_ldm)
 
 
 @pytest.mark.parametrize("layout,max_downsample,factor", [("sd15", 1, 2), ("sd15", 4, 3), ("sdxl", "auto", 2)])
 def test_todo_on_forge_layout_equals_todo_on_ldm(pairs, layout, max_downsample, factor):
-    ldm, forge = pairs[layout]
+    ldm = pairs[layout][0]
     x, t, ctx = inputs(2, (27, 45))
-    settings = dict(method="downsample", downsample_factor=factor, max_downsample=max_downsample)
     with forge_upsampling(ldm):
         base = ldm(x, t, ctx)
-        tome_core.apply_patch(ldm, **settings)
-        try:
-            ours_ldm = ldm(x, t, ctx)
-        finally:
-            tome_core.remove_patch(ldm)
-    tome_core.apply_patch(forge, **settings)
-    try:
-        ours_forge = forge_run(forge, x, t, ctx)
-    finally:
-        tome_core.remove_patch(forge)
+    settings = dict(method="downsample", downsample_factor=factor, max_downsample=max_downsample)
+    ours_ldm, ours_forge = ours_on_both(pairs, layout, x, t, ctx, **settings)
     assert rel(ours_ldm, base) > 1e-4
     assert torch.equal(ours_forge, ours_ldm)
 
@@ -193,16 +182,8 @@ def test_max_downsample_auto_is_read_from_forges_config_before_any_forward(pairs
     forge = pairs["sdxl"][1]
     assert not hasattr(forge, "attention_resolutions")
     assert forge.config["transformer_depth"][:2] == [0, 0]  # no transformer blocks at full resolution
-    patch = tome_core.apply_patch(forge, max_downsample="auto")
-    try:
-        assert patch.auto_downsample == 2
-    finally:
-        tome_core.remove_patch(forge)
-    sd15 = tome_core.apply_patch(pairs["sd15"][1], max_downsample="auto")
-    try:
-        assert sd15.auto_downsample == 1
-    finally:
-        tome_core.remove_patch(pairs["sd15"][1])
+    with patched(forge, pairs["sd15"][1], max_downsample="auto") as (sdxl, sd15):
+        assert sdxl.auto_downsample == 2 and sd15.auto_downsample == 1
 
 
 def test_forge_controlnet_patched_equals_the_ldm_one_patched():
@@ -212,13 +193,8 @@ def test_forge_controlnet_patched_equals_the_ldm_one_patched():
     hint = torch.rand(2, 3, 136, 184, generator=torch.Generator().manual_seed(1))
     settings = dict(ratio=0.5, max_downsample=2, merge_crossattn=True, merge_mlp=True)
     base = ldm(x, hint, t, ctx)
-    tome_core.apply_patch(ldm, **settings)
-    tome_core.apply_patch(forge, **settings)
-    try:
+    with patched(ldm, forge, **settings):
         ref, out = ldm(x, hint, t, ctx), forge(x=x, hint=hint, timesteps=t, context=ctx)
-    finally:
-        tome_core.remove_patch(ldm)
-        tome_core.remove_patch(forge)
     assert rel(ref[-1], base[-1]) > 1e-4
     assert all(torch.equal(a, b) for a, b in zip(ref, out))
 
@@ -264,15 +240,12 @@ def test_attn1_patch_that_keeps_keys_and_values_is_merged_in_full(pairs, method)
     """An attn1_patch makes Forge pass ``context=n, value=n``: the same attention as none, merged the same."""
     _, forge = pairs["sd15"]
     x, t, ctx = inputs(2, (27, 45))
-    patch = tome_core.apply_patch(forge, ratio=0.5, method=method)
-    try:
+    with patched(forge, ratio=0.5, method=method) as (patch,):
         plain = forge_run(forge, x, t, ctx)
-        patched = forge_run(forge, x, t, ctx, _attn1_patch(_keep_kv))
+        with_patch = forge_run(forge, x, t, ctx, _attn1_patch(_keep_kv))
         report = patch.report()
-    finally:
-        tome_core.remove_patch(forge)
     assert rel(plain, forge_run(forge, x, t, ctx)) > 1e-4
-    assert torch.equal(patched, plain)
+    assert torch.equal(with_patch, plain)
     assert report.query_only == report.todo_off == 0 and report.notes == ()
 
 
@@ -281,12 +254,9 @@ def test_attn1_patch_with_its_own_keys_leaves_only_queries_merged_and_says_so(pa
     x, t, ctx = inputs(2, (32, 40))
     options = _attn1_patch(_own_kv)
     unmerged = forge_run(forge, x, t, ctx, options)
-    patch = tome_core.apply_patch(forge, ratio=0.5)
-    try:
+    with patched(forge, ratio=0.5) as (patch,):
         out = forge_run(forge, x, t, ctx, options)
         report = patch.report()
-    finally:
-        tome_core.remove_patch(forge)
     assert out.shape == unmerged.shape and rel(out, unmerged) > 1e-4  # the queries were merged
     assert report.query_only == _count_level1_blocks(forge) == 5
     assert report.notes == ("only queries merged in 5 of 16 blocks (an attn1 patch set keys/values)",)
@@ -297,12 +267,9 @@ def test_todo_leaves_keys_and_values_of_an_attn1_patch_alone_and_says_so(pairs):
     x, t, ctx = inputs(2, (32, 40))
     options = _attn1_patch(_own_kv)
     unmerged = forge_run(forge, x, t, ctx, options)
-    patch = tome_core.apply_patch(forge, method="downsample")  # downsamples the highest level only
-    try:
+    with patched(forge, method="downsample") as (patch,):  # downsamples the highest level only
         out = forge_run(forge, x, t, ctx, options)
         report = patch.report()
-    finally:
-        tome_core.remove_patch(forge)
     assert torch.equal(out, unmerged)
     assert report.todo_off == 5 and report.query_only == 0
     assert "no token downsampling in 5 of 16 blocks" in report.notes[0]
@@ -323,15 +290,12 @@ def test_replaced_attn1_is_not_merged_and_is_reported(pairs, method):
     options = _replace_attn1(forge)
     unmerged = forge_run(forge, x, t, ctx, options)
     assert torch.equal(unmerged, forge_run(forge, x, t, ctx))  # the replacement computes the same attention
-    patch = tome_core.apply_patch(forge, ratio=0.5, method=method)
-    try:
+    with patched(forge, ratio=0.5, method=method) as (patch,):
         out = forge_run(forge, x, t, ctx, options)
         report = patch.report()
         patch.reset_report()
         forge_run(forge, x, t, ctx)
         after_reset = patch.report()
-    finally:
-        tome_core.remove_patch(forge)
     assert torch.equal(out, unmerged)  # attn1 was the only target: nothing merged
     assert report.attn1_skipped == 5 and report.forwards == 1
     assert report.notes == ("self-attention not merged in 5 of 16 blocks (attn1 replaced by another extension)",)
@@ -339,20 +303,15 @@ def test_replaced_attn1_is_not_merged_and_is_reported(pairs, method):
 
 
 def test_replaced_attn1_in_some_blocks_with_crossattn_merged_plans_from_the_block_input(pairs):
-    """attn1 replaced in the input blocks only: the others merge attn1; crossattn merges everywhere from a plan
-    made of the block input, not of the input plus attn1's output (Forge adds it in place)."""
+    """attn1 replaced (by the same attention) in the input blocks: crossattn still merges there, from a plan made
+    of the block input, not of the input plus attn1's output (Forge adds it in place)."""
     ldm, forge = pairs["sd15"]
     x, t, ctx = inputs(2, (32, 40))
     settings = dict(ratio=0.5, merge_attn=False, merge_crossattn=True, use_rand=False)
-    tome_core.apply_patch(ldm, **settings)
-    tome_core.apply_patch(forge, **settings)
-    try:
+    with patched(ldm, forge, **settings) as (_, patch):
         ref = ldm(x, t, ctx)
         out = forge_run(forge, x, t, ctx, _replace_attn1(forge, [("input", i) for i in range(12)]))
-        report = tome_core.get_patch(forge).report()
-    finally:
-        tome_core.remove_patch(ldm)
-        tome_core.remove_patch(forge)
+        report = patch.report()
     assert torch.equal(out, ref)
     assert report.attn1_skipped == 0  # attn1 is no target here
 
@@ -372,14 +331,26 @@ def test_attn1_output_patch_and_attn2_patch_see_full_length_tokens(pairs):
 
     options = {"patches": {"attn1_output_patch": [attn1_output], "attn2_patch": [attn2]}}
     base = forge_run(forge, x, t, ctx, options)
-    tome_core.apply_patch(forge, ratio=0.5, merge_crossattn=True)
-    try:
+    with patched(forge, ratio=0.5, merge_crossattn=True):
         seen.clear()
         out = forge_run(forge, x, t, ctx, options)
-    finally:
-        tome_core.remove_patch(forge)
     assert rel(out, base) > 1e-4
     assert ("attn1_out", 32 * 40) in seen and ("attn2", 32 * 40) in seen  # merging stays inside the modules
+
+
+def test_blocks_whose_tokens_do_not_fit_the_latent_are_reported(pairs):
+    """E.g. Kohya deep shrink rescales a block's input: that block runs unmerged, and the report says so."""
+    _, forge = pairs["sd15"]
+    x, t, ctx = inputs(2, (32, 40))
+    with patched(forge, ratio=0.5) as (patch,):
+        forge_run(forge, x, t, ctx)  # records the latent size 32x40
+        assert patch.report().notes == ()
+        blocks = list(transformer_blocks(forge))
+        tokens = torch.randn(2, 77, blocks[0].norm1.normalized_shape[0])
+        out = blocks[0](tokens.clone(), context=ctx)
+        report = patch.report()
+    assert torch.equal(out, blocks[0](tokens.clone(), context=ctx))
+    assert report.unfit == 1 and report.notes == ("1 of 16 blocks unmerged (token count does not fit the latent size)",)
 
 
 # --- leak-proof ---------------------------------------------------------------------------------------------------
