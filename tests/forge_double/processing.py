@@ -15,7 +15,8 @@ every sampling pass (txt2img l.1372-1381, hires l.1509-1526, img2img l.1851-1859
     p.scripts.process_before_every_sampling(...)
 hires: before_hr + process_before_every_sampling FIRST (on the first pass's forge_objects, thrown away), then the
     reset, apply_token_merging(for_hr=True) and process_before_every_sampling again; hires CFG is ``p.hr_cfg``.
-refiner: ``p.refiner_checkpoint_info`` from ``p.refiner_checkpoint`` (l.872), swapped in by the CFG denoiser.
+refiner: ``p.refiner_checkpoint_info`` from ``p.refiner_checkpoint`` (l.872, as in the WebUI), swapped in by the CFG
+denoiser (``sd_samplers.apply_refiner``).
 """
 
 from __future__ import annotations
@@ -60,13 +61,6 @@ def process_images(p) -> Processed:
 
 class ForgeSampling:
     """What every Forge processing class does around a sampling pass."""
-
-    def fill_fields_from_opts(self) -> None:
-        super().fill_fields_from_opts()
-        if self.refiner_checkpoint not in (None, "", "None", "none"):
-            if self.refiner_checkpoint not in sd_models.checkpoints:
-                raise Exception(f"Could not find checkpoint with name {self.refiner_checkpoint}")
-            self.refiner_checkpoint_info = self.refiner_checkpoint
 
     def parse_extra_network_prompts(self) -> None:
         sd_models.forge_model_reload()

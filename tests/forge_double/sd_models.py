@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from modules import script_callbacks, shared
+from modules import sd_models as webui_sd_models
+from tiny_models import CheckpointInfoDouble
 
 from forge_double import backend
 
@@ -47,7 +49,11 @@ def reset() -> None:
 
 
 def register_checkpoint(name: str, build: Callable[[], backend.ForgeDiffusionEngine]) -> None:
+    """A checkpoint file: also listed where the WebUI's code looks checkpoints up (``checkpoints_list``, kept as in
+    the WebUI: ``get_closet_checkpoint_match`` resolves ``p.refiner_checkpoint``, processing.py:872)."""
     checkpoints[name] = build
+    info = CheckpointInfoDouble(name)
+    webui_sd_models.checkpoints_list[info.title] = info
 
 
 def select_checkpoint(name: str) -> None:
@@ -65,6 +71,7 @@ def forge_model_reload():
         model_data.sd_model = None
     name = model_data.forge_loading_parameters["checkpoint_info"]
     sd_model = checkpoints[name]()
+    sd_model.sd_checkpoint_info = webui_sd_models.get_closet_checkpoint_match(name)
     sd_model.extra_generation_params = {}
     sd_model.comments = []
     loads.append(name)

@@ -52,13 +52,13 @@ def apply_refiner(cfg_denoiser, x: torch.Tensor) -> bool:
     if p.refiner_switch_at is not None and cfg_denoiser.step / cfg_denoiser.total_steps < p.refiner_switch_at:
         return False
     info = p.refiner_checkpoint_info
-    if info is None or shared.sd_model.sd_checkpoint_info.name == info:
+    if info is None or shared.sd_model.sd_checkpoint_info == info:
         return False
-    p.extra_generation_params["Refiner"] = info
+    p.extra_generation_params["Refiner"] = info.short_title
     p.extra_generation_params["Refiner switch at"] = p.refiner_switch_at
     backend.sampling_cleanup(forge_models.model_data.get_sd_model().forge_objects.unet)
     first_pass = forge_models.model_data.forge_loading_parameters["checkpoint_info"]
-    forge_models.select_checkpoint(info)
+    forge_models.select_checkpoint(info.name)
     try:
         forge_models.forge_model_reload()
     finally:
@@ -79,12 +79,6 @@ class CFGDenoiser(webui_cfg.CFGDenoiser):
             self.model_wrap = ForgeScheduleLinker(shared.sd_model.forge_objects.unet.model.predictor)
             self.model_wrap.inner_model = shared.sd_model
         return self.model_wrap
-
-    def update_inner_model(self) -> None:
-        self.model_wrap = None
-        c, uc = self.p.get_conds()
-        self.sampler.sampler_extra_args["cond"] = c
-        self.sampler.sampler_extra_args["uncond"] = uc
 
     def forward(self, x, sigma, uncond, cond, cond_scale, s_min_uncond, image_cond):
         if state.interrupted or state.skipped:

@@ -22,6 +22,7 @@ def reset_webui():
     errors.clear()
     sd_models.apply_token_merging_calls.clear()
     sd_models.checkpoints_list.clear()
+    sd_models.loaded_models.clear()
 
 
 def register_xyz_grid():

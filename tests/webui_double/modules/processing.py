@@ -30,7 +30,8 @@ StableDiffusionProcessingTxt2Img.sample_hr_pass ~L1364-1464 (hires fix, latent u
     sampler.sample_img2img(...)
     apply_token_merging(sd_model, p.get_token_merging_ratio())   # not in a finally
 Simplified: no VAE (TinySdModel fakes it), no saving, no face restoration/color correction/masks/inpainting,
-no styles, no extra networks parsing, no prompt editing/attention syntax, no refiner, pixel upscalers absent.
+no styles, no extra networks parsing, no prompt editing/attention syntax, pixel upscalers absent. The refiner switch
+is the CFG denoiser's (sd_samplers_common.apply_refiner); ``p.refiner_checkpoint_info`` is resolved here (~L882-885).
 """
 
 from __future__ import annotations
@@ -603,6 +604,11 @@ def process_images_inner(p: StableDiffusionProcessing) -> Processed:
         p.restore_faces = opts.face_restoration
     if p.tiling is None:
         p.tiling = opts.tiling
+
+    if p.refiner_checkpoint not in (None, "", "None", "none"):
+        p.refiner_checkpoint_info = sd_models.get_closet_checkpoint_match(p.refiner_checkpoint)
+        if p.refiner_checkpoint_info is None:
+            raise Exception(f"Could not find checkpoint with name {p.refiner_checkpoint}")
 
     p.sd_model_name = shared.sd_model.sd_checkpoint_info.name_for_extra
     p.sd_model_hash = shared.sd_model.sd_model_hash

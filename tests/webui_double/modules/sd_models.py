@@ -17,6 +17,8 @@ install_unet_cat_hijack()
 
 checkpoint_aliases = {}
 checkpoints_list = {}
+loaded_models = {}
+"""test-only: every model load_model made current, by checkpoint title (the real cache is model_data.loaded_sd_models)"""
 apply_token_merging_calls = []
 """test-only: every (ratio requested) passed to apply_token_merging, in order"""
 
@@ -36,12 +38,22 @@ def apply_token_merging(sd_model, token_merging_ratio):
 
 
 def reload_model_weights(sd_model=None, info=None, forced_reload=False):
-    """No-op: the double has one model (the real one reloads only when the checkpoint changes)."""
+    """The checkpoint ``info`` (default: ``opts.sd_model_checkpoint``'s) becomes the current model, if it is not
+    already (~L940-960). The double switches between models already loaded, as the real one does through
+    ``reuse_model_from_already_loaded`` with a checkpoint cache (or for a refiner of another config: a new model
+    object); the previous model keeps whatever is attached to it."""
+    checkpoint_info = info or checkpoints_list.get(shared.opts.sd_model_checkpoint)
+    current = shared.sd_model
+    if checkpoint_info is None or (current is not None and current.sd_checkpoint_info.title == checkpoint_info.title):
+        return current
+    model_data.set_sd_model(loaded_models[checkpoint_info.title])
     return shared.sd_model
 
 
 def get_closet_checkpoint_match(search_string):
-    return checkpoints_list.get(search_string)
+    """By title or by name (~L217-239, without the sorted partial matches)."""
+    found = checkpoints_list.get(search_string)
+    return found or next((i for i in checkpoints_list.values() if search_string in (i.name, i.model_name)), None)
 
 
 def apply_alpha_schedule_override(sd_model, p=None):
@@ -77,5 +89,7 @@ def load_model(sd_model):
     load_model (~L800-830: ``script_callbacks.model_loaded_callback(sd_model)``)."""
     model_data.set_sd_model(sd_model)
     checkpoints_list[sd_model.sd_checkpoint_info.title] = sd_model.sd_checkpoint_info
+    loaded_models[sd_model.sd_checkpoint_info.title] = sd_model
+    shared.opts.sd_model_checkpoint = sd_model.sd_checkpoint_info.title
     script_callbacks.model_loaded_callback(sd_model)
     return sd_model

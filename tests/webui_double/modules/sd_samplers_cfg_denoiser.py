@@ -6,13 +6,15 @@ state.sampling_step, state.sampling_steps, cond, uncond, self))`` and the values
 object; skip_early_cond / NGMS uncond skipping; ``opts.batch_cond_uncond`` True -> ONE UNet call on the 2B
 batch, False -> one call per chunk of B (cond first, then uncond); cfg_denoised and cfg_after_cfg callbacks;
 ``combine_denoised``; ``sampler.last_latent``.
-Left out: AND-prompts / prompt editing (one cond per image), edit models, masks, refiner switch, cond padding
+``sd_samplers_common.apply_refiner`` right after the interrupt check (a switch re-reads cond/uncond; ``update_inner_model``
+and ``inner_model`` rebuild the denoiser on ``shared.sd_model``, as CFGDenoiserKDiffusion does).
+Left out: AND-prompts / prompt editing (one cond per image), edit models, masks, cond padding
 (the double's conds always have 77 tokens), live previews.
 """
 
 import torch
 
-from modules import sd_samplers_common
+from modules import sd_samplers_common, shared
 from modules.script_callbacks import (
     AfterCFGCallbackParams,
     CFGDenoisedParams,
@@ -41,7 +43,17 @@ class CFGDenoiser(torch.nn.Module):
 
     @property
     def inner_model(self):
+        if self.model_wrap is None:  # after a refiner switch: a denoiser on the model now loaded
+            from modules import sd_samplers
+
+            self.model_wrap = sd_samplers.CompVisDenoiserDouble(shared.sd_model)
         return self.model_wrap
+
+    def update_inner_model(self):
+        self.model_wrap = None
+        c, uc = self.p.get_conds()
+        self.sampler.sampler_extra_args["cond"] = c
+        self.sampler.sampler_extra_args["uncond"] = uc
 
     def combine_denoised(self, x_out, conds_list, uncond, cond_scale):
         denoised_uncond = x_out[-uncond.shape[0] :]
@@ -54,6 +66,10 @@ class CFGDenoiser(torch.nn.Module):
     def forward(self, x, sigma, uncond, cond, cond_scale, s_min_uncond, image_cond):
         if state.interrupted or state.skipped:
             raise sd_samplers_common.InterruptedException
+
+        if sd_samplers_common.apply_refiner(self, sigma):
+            cond = self.sampler.sampler_extra_args["cond"]
+            uncond = self.sampler.sampler_extra_args["uncond"]
 
         conds_list = [[(i, 1.0)] for i in range(x.shape[0])]
         tensor = cond

@@ -7,9 +7,12 @@ interrupted generation still decodes, runs postprocess hooks and returns normall
 denoiser call and sets ``state.sampling_step = i``: the first denoiser call of step i therefore sees the
 previous value (0, 0, 1, 2, ... for Euler; 0, 0, 0, 1, 1, 2, ... for Heun, whose second call per step comes
 after the callback), which is what ``CFGDenoiserParams.sampling_step`` carries in the real WebUI too.
+``apply_refiner`` (~L158-202) is called by the CFG denoiser first thing in every call.
 """
 
 from collections import namedtuple
+
+import torch
 
 from modules import shared
 from modules.shared import opts, state
@@ -28,6 +31,38 @@ class SamplerData(SamplerDataTuple):
 
 class InterruptedException(BaseException):
     pass
+
+
+def apply_refiner(cfg_denoiser, sigma=None):
+    """mirrors ~L158-202: switch ``shared.sd_model`` to the refiner once the pass is far enough along (by the
+    model's timestep of ``sigma``, or by sampling steps), then new conds and a new inner model for the denoiser."""
+    from modules import sd_models
+
+    p = cfg_denoiser.p
+    if opts.refiner_switch_by_sample_steps or sigma is None:
+        completed_ratio = cfg_denoiser.step / cfg_denoiser.total_steps
+        p.extra_generation_params["Refiner switch by sampling steps"] = True
+    else:
+        timestep = torch.argmin(torch.abs(cfg_denoiser.inner_model.sigmas.to(sigma.device) - torch.max(sigma)))
+        completed_ratio = (999 - timestep) / 1000
+    if p.refiner_switch_at is not None and completed_ratio < p.refiner_switch_at:
+        return False
+    if p.refiner_checkpoint_info is None or shared.sd_model.sd_checkpoint_info == p.refiner_checkpoint_info:
+        return False
+    if getattr(p, "enable_hr", False):
+        if opts.hires_fix_refiner_pass == "first pass" and p.is_hr_pass:
+            return False
+        if opts.hires_fix_refiner_pass == "second pass" and not p.is_hr_pass:
+            return False
+        if opts.hires_fix_refiner_pass != "second pass":
+            p.extra_generation_params["Hires refiner"] = opts.hires_fix_refiner_pass
+    p.extra_generation_params["Refiner"] = p.refiner_checkpoint_info.short_title
+    p.extra_generation_params["Refiner switch at"] = p.refiner_switch_at
+    with sd_models.SkipWritingToConfig():
+        sd_models.reload_model_weights(info=p.refiner_checkpoint_info)
+    p.setup_conds()
+    cfg_denoiser.update_inner_model()
+    return True
 
 
 def setup_img2img_steps(p, steps=None):

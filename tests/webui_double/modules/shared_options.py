@@ -22,6 +22,14 @@ def templates():
         "face_restoration_model": OptionInfo("CodeFormer", "Face restoration model"),
         # ~L171-253 stable diffusion / optimizations
         "sd_model_checkpoint": OptionInfo(None, "Stable Diffusion checkpoint"),
+        "hires_fix_refiner_pass": OptionInfo(
+            "second pass", "Hires fix: which pass to enable refiner for", infotext="Hires refiner"
+        ),  # ~L185
+        "refiner_switch_by_sample_steps": OptionInfo(
+            False,
+            "Switch to refiner by sampling steps instead of model timesteps. Old behavior for refiner.",
+            infotext="Refiner switch by sampling steps",
+        ),  # ~L256
         "CLIP_stop_at_last_layers": OptionInfo(1, "Clip skip", infotext="Clip skip"),
         "randn_source": OptionInfo("GPU", "Random number generator source.", infotext="RNG"),
         "tiling": OptionInfo(False, "Tiling", infotext="Tiling"),
