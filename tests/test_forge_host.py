@@ -3,6 +3,7 @@ the Forge-layout UNet that really runs (``forge_objects.unet.model.diffusion_mod
 
 from __future__ import annotations
 
+import json
 from contextlib import closing
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import torch
 from forge_double import backend, processing, sd_models
 from forge_double import harness as forge
 from forge_double.unet import controlnet_from_ldm
-from modules import devices, errors, script_callbacks, scripts, shared
+from modules import devices, errors, infotext_utils, script_callbacks, scripts, shared
+from modules.api import api
 
 import tome_core
 from tome_core import extension as ext
@@ -75,6 +77,7 @@ class Spy:
         self.outputs: list = []
         self.progress: list[float | None] = []
         self.active: list[bool | None] = []
+        self.plans: list[int | None] = []  # merge plans the patch had computed after each forward
         self.patches: list[dict] = []
         self._handles = [
             module.register_forward_pre_hook(self._pre, with_kwargs=True),
@@ -91,6 +94,7 @@ class Spy:
         self.outputs.append([o.clone() for o in out] if isinstance(out, list) else out.clone())
         patch = tome_core.get_patch(module)
         self.active.append(patch.active if patch else None)
+        self.plans.append(patch.plans_computed if patch else None)
 
     def close(self):
         for handle in self._handles:
@@ -299,6 +303,16 @@ def test_step_schedule_and_progress_come_from_forges_cfg_denoiser(start, builder
     assert spy.active == [False, False, True, True]
 
 
+def test_plan_reuse_counts_forges_sampling_steps(start, builders):
+    unet = unet_of(builders["sd15"])
+    txt, _ = start()
+    _, (every,) = generate(txt, tome_args(txt), [unet], steps=3)
+    _, (reused,) = generate(txt, tome_args(txt, plan_interval=3), [unet], steps=3)
+    per_step = every.plans[0]
+    assert per_step > 0 and every.plans == [per_step, 2 * per_step, 3 * per_step]
+    assert reused.plans == [per_step] * 3  # planned at the first step, reused at the next two
+
+
 def test_xyz_cells_on_forge_each_get_their_value(start, builders):
     unet = unet_of(builders["sd15"])
     txt, _ = start()
@@ -331,6 +345,45 @@ def test_xyz_axes_register_on_forge_classic_grid_without_format_value_add_label(
     finally:
         spy.close()
     assert all(s is not None and (s.sx, s.sy) == (1, 2) for s in spy.calls) and ext.ERROR_KEY not in res.js()
+
+
+# --- API and paste-back ------------------------------------------------------------------------------------------
+
+
+def test_api_alwayson_scripts_list_and_dict_merge_alike_on_forge(start, builders):
+    unet = unet_of(builders["sd15"])
+    txt, _ = start()
+    spy = Spy(unet)
+    body = {"prompt": "a cat", "steps": 2, "width": 64, "height": 64, "seed": 5}
+    try:
+        listed = api.text2imgapi(
+            {**body, "alwayson_scripts": {"ToMe": {"args": [True, 0.4, "2", 2, 2, True, 77]}}}, txt
+        )
+        n = len(spy.calls)
+        as_dict = api.text2imgapi(
+            {
+                **body,
+                "alwayson_scripts": {
+                    "tome": {"args": [{"enabled": True, "ratio": 0.4, "max_downsample": 2, "seed": 77}]}
+                },
+            },
+            txt,
+        )
+    finally:
+        spy.close()
+    assert n and spy.calls[0] == spy.calls[n] and spy.calls[0].ratio == 0.4 and spy.calls[0].max_downsample == 2
+    assert all(torch.equal(a, b) for a, b in zip(spy.outputs[:n], spy.outputs[n:]))
+    assert json.loads(listed["info"])["infotexts"] == json.loads(as_dict["info"])["infotexts"]
+    assert "ToMe: True" in json.loads(listed["info"])["infotexts"][0] and no_hooks_anywhere(unet)
+
+
+def test_forge_infotext_pastes_back_every_setting(start):
+    txt, _ = start()
+    chosen = {"enabled": True, "ratio": 0.35, "sx": 1, "merge_crossattn": True, "method": "merge", "plan_interval": 2}
+    res, _ = generate(txt, tome_args(txt, **chosen), seed=1234)
+    script = next(s for s in txt.alwayson_scripts if s.title() == "ToMe")
+    pasted = infotext_utils.apply_paste_fields(script.infotext_fields, res.infotexts[0])
+    assert S.from_args([pasted[c] for c, _ in script.infotext_fields]) == S.from_dict({**chosen, "seed": 3})
 
 
 # --- Forge's built-in ControlNet ----------------------------------------------------------------------------------
