@@ -117,15 +117,7 @@ class StableDiffusionProcessingTxt2Img(ForgeSampling, webui.StableDiffusionProce
         self.reset_forge_objects_and_merge(for_hr=True)
         if self.scripts is not None:
             self.scripts.process_before_every_sampling(self, x=samples, noise=noise, c=self.hr_c, uc=self.hr_uc)
-        samples = self.sampler.sample_img2img(
-            self,
-            samples,
-            noise,
-            self.hr_c,
-            self.hr_uc,
-            steps=self.hr_second_pass_steps or self.steps,
-            image_conditioning=image_conditioning,
-        )
+        samples = self.sample_hr_latents(samples, noise, image_conditioning)
         self.sampler = None
         decoded_samples = decode_latent_batch(self.sd_model, samples, check_for_nans=True)
         self.is_hr_pass = False

@@ -1018,15 +1018,7 @@ class StableDiffusionProcessingTxt2Img(StableDiffusionProcessing):
             self.scripts.before_hr(self)
             self.scripts.process_before_every_sampling(p=self, x=samples, noise=noise, c=self.hr_c, uc=self.hr_uc)
 
-        samples = self.sampler.sample_img2img(
-            self,
-            samples,
-            noise,
-            self.hr_c,
-            self.hr_uc,
-            steps=self.hr_second_pass_steps or self.steps,
-            image_conditioning=image_conditioning,
-        )
+        samples = self.sample_hr_latents(samples, noise, image_conditioning)
 
         sd_models.apply_token_merging(self.sd_model, self.get_token_merging_ratio())
 
@@ -1036,6 +1028,18 @@ class StableDiffusionProcessingTxt2Img(StableDiffusionProcessing):
 
         self.is_hr_pass = False
         return decoded_samples
+
+    def sample_hr_latents(self, samples, noise, image_conditioning):
+        """The hires pass's sampler call (the double's own helper, shared with the Forge double)."""
+        return self.sampler.sample_img2img(
+            self,
+            samples,
+            noise,
+            self.hr_c,
+            self.hr_uc,
+            steps=self.hr_second_pass_steps or self.steps,
+            image_conditioning=image_conditioning,
+        )
 
     def close(self):
         super().close()
