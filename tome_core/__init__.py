@@ -1,7 +1,7 @@
 """Token Merging for Stable Diffusion UNets (ldm / sgm layout), pure torch, no WebUI imports.
 
 import tome_core
-tome_core.apply_patch(model, ratio=0.5)   # model: UNetModel, or anything holding one at .model.diffusion_model
+tome_core.apply_patch(model, ratio=0.5)   # model: a UNet, or what holds it (find_unet: WebUI, Forge engine, KModel)
 ...
 tome_core.remove_patch(model)
 """
@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
-
-from .patch import Patch, apply_settings, find_unet, get_patch, remove_patch
+from .patch import MergeReport, Patch, apply_settings, find_unet, get_patch, remove_patch
 from .settings import FIELDS, NAMES, SettingsError, ToMeSettings, from_args, from_dict, to_args, to_dict
 
 __all__ = [
     "FIELDS",
     "NAMES",
+    "MergeReport",
     "Patch",
     "SettingsError",
     "ToMeSettings",
@@ -34,7 +33,7 @@ __all__ = [
 
 
 def apply_patch(
-    model: nn.Module,
+    model: Any,
     ratio: float = 0.5,
     max_downsample: int | str = 1,
     sx: int = 2,
