@@ -178,6 +178,28 @@ def test_todo_on_forge_layout_equals_todo_on_ldm(pairs, layout, max_downsample, 
     assert torch.equal(ours_forge, ours_ldm)
 
 
+@pytest.mark.parametrize("options", [None, "keep_kv"])
+def test_todo_passes_keys_through_context_and_leaves_value_none_unless_given(pairs, options):
+    """Forge's attn1 takes values from ``value`` if given, else from ``context``: without an attn1_patch ``value``
+    stays None (values from the downsampled keys); with one that passed ``n`` as both, both are downsampled."""
+    _, forge = pairs["sd15"]
+    x, t, ctx = inputs(1, (32, 40))
+    attn1 = next(transformer_blocks(forge)).attn1
+    calls = []
+    with patched(forge, method="downsample", downsample_factor=2):  # the spy runs after our pre-hook
+        spy = attn1.register_forward_pre_hook(lambda m, a, k: calls.append((a[0].shape, k)), with_kwargs=True)
+        try:
+            forge_run(forge, x, t, ctx, _attn1_patch(_keep_kv) if options else None)
+        finally:
+            spy.remove()
+    (shape, kwargs), *_ = calls
+    assert shape[1] == 32 * 40 and kwargs["context"].shape[1] == 16 * 20
+    if options:
+        assert kwargs["value"] is kwargs["context"]
+    else:
+        assert kwargs["value"] is None
+
+
 def test_max_downsample_auto_is_read_from_forges_config_before_any_forward(pairs):
     forge = pairs["sdxl"][1]
     assert not hasattr(forge, "attention_resolutions")
