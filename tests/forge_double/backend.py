@@ -499,7 +499,8 @@ class StableDiffusionXL(ForgeDiffusionEngine):
 
     def extra_conds(self, batch: int) -> dict[str, torch.Tensor]:
         """The ``y`` (adm) vector, when the UNet takes one (``num_classes='sequential'``)."""
-        adm = getattr(self.forge_objects.unet.model.diffusion_model, "adm_in_channels", None)
+        config = getattr(self.forge_objects.unet.model.diffusion_model, "config", None) or {}
+        adm = config.get("adm_in_channels")  # Forge's UNet keeps it only in its config (loader.py:164-167)
         return {"y": torch.zeros(batch, adm)} if adm else {}
 
 
