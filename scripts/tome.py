@@ -13,6 +13,7 @@ and ControlNet's models, ``postprocess`` and ``p.close()`` remove every patch.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import gradio as gr
@@ -28,22 +29,55 @@ log = logging.getLogger("tome_core")
 registry = ext.PatchRegistry()
 RUN_ATTR = "tome_run"
 
-LAYOUT: tuple[tuple[str, ...], ...] = (
-    ("ratio", "max_downsample"),
-    ("sx", "sy"),
+FIRST_VIEW: tuple[tuple[str, ...], ...] = (
+    ("ratio", "hires_ratio"),
+    ("method", "max_downsample"),
+)
+"""Rows shown when the accordion opens: what most people set."""
+ADVANCED: tuple[tuple[str, ...], ...] = (
+    ("sx", "sy"),  # the stride cap note follows this row
     ("use_rand", "seed"),
     ("merge_attn", "merge_crossattn", "merge_mlp"),
-    ("hires_ratio", "min_size"),
-    ("merge_controlnet",),
-    ("method", "downsample_factor"),
-    ("start", "end"),
     ("share_plan", "plan_interval"),
+    ("start", "end"),
+    ("min_size", "downsample_factor"),
+    ("merge_controlnet",),
 )
+"""Rows of the closed "Advanced" accordion inside: every other setting."""
+LAYOUT = FIRST_VIEW + ADVANCED
+ADVANCED_LABEL = "Advanced: strides, random seed, merge targets, plan reuse, schedule"
+INTRO = "Gains start around 1024 px: use it for large images and the hires. fix pass. Hover a control for details."
+NOTE_CLASS = "tome-note"  # style.css
+CAPPED = ("ratio", "hires_ratio")
+"""Sliders whose largest allowed value depends on the strides."""
+METHOD_SPECIFIC = tuple(name for name in S.NAMES if S.spec(name).method)
+"""Controls greyed out unless ``method`` is the one that reads them."""
+
+
+def _capped_max(name: str, sx: float, sy: float) -> float:
+    """The largest value on the slider's steps that ``sx x sy`` strides allow (2/3 → 0.66, never 0.6667)."""
+    step = S.spec(name).step
+    return round(math.floor(S.ratio_cap(int(sx), int(sy)) / step + 1e-9) * step, 10)
 
 
 def _cap_text(sx: float, sy: float) -> str:
-    cap = S.ratio_cap(int(sx), int(sy))
-    return f"Ratio at most 1 - 1/(stride x · stride y) = **{cap:.3g}** for {int(sx)}×{int(sy)} strides."
+    cap = _capped_max("ratio", sx, sy)
+    return f"With {int(sx)}×{int(sy)} strides the ratios go up to **{cap:g}** (at most 1 − 1/(stride x · stride y))."
+
+
+def _on_strides(sx: float, sy: float, *ratios: float) -> tuple[Any, ...]:
+    """Any stride or ratio change: pull a ratio above the strides' cap down to it (one that fits is left
+    alone), and say the cap. The sliders' maximum never moves, so a pasted ratio is always drawn where it is."""
+    updates = []
+    for name, value in zip(CAPPED, ratios):
+        cap = _capped_max(name, sx, sy)
+        updates.append(gr.update(value=cap) if value is not None and value > cap + 1e-9 else gr.update())
+    return (*updates, _cap_text(sx, sy))
+
+
+def _on_method(method: str) -> tuple[Any, ...]:
+    """Only the controls that the chosen method reads are interactive."""
+    return tuple(gr.update(interactive=S.spec(name).method == method) for name in METHOD_SPECIFIC)
 
 
 def _no_builtin_ratio(for_hr: bool = False) -> float:
@@ -68,6 +102,8 @@ class ToMeScript(scripts.Script):
     def _control(self, name: str) -> gr.components.Component:
         s, default = S.spec(name), getattr(S.DEFAULTS, name)
         common = dict(label=s.label, elem_id=self.elem_id(name))
+        if s.method is not None:
+            common["interactive"] = s.method == S.DEFAULTS.method
         if s.kind == "bool":
             return gr.Checkbox(value=default, **common)
         if s.kind == "choice":
@@ -76,37 +112,44 @@ class ToMeScript(scripts.Script):
             return gr.Number(value=default, precision=0, minimum=s.minimum, maximum=s.maximum, **common)
         return gr.Slider(minimum=s.minimum, maximum=s.maximum, step=s.step, value=default, **common)
 
+    def _rows(self, rows: tuple[tuple[str, ...], ...], controls: dict[str, Any]) -> None:
+        for row in rows:
+            with gr.Row():
+                for name in row:
+                    controls[name] = self._control(name)
+            if row == ("sx", "sy"):
+                controls["ratio_cap"] = self._note(_cap_text(S.DEFAULTS.sx, S.DEFAULTS.sy), "ratio_cap")
+
+    def _note(self, text: str, name: str) -> gr.Markdown:
+        return gr.Markdown(text, elem_id=self.elem_id(name), elem_classes=[NOTE_CLASS])
+
     def ui(self, is_img2img: bool) -> list[Any]:
         controls: dict[str, Any] = {}
         enabled_spec = S.spec("enabled")
         with InputAccordion(S.DEFAULTS.enabled, label=enabled_spec.label, elem_id=self.elem_id("enabled")) as enabled:
             controls["enabled"] = enabled
-            for row in LAYOUT:
-                with gr.Row():
-                    for name in row:
-                        controls[name] = self._control(name)
-                if row == ("sx", "sy"):
-                    cap = gr.Markdown(_cap_text(S.DEFAULTS.sx, S.DEFAULTS.sy), elem_id=self.elem_id("ratio_cap"))
-        for stride in (controls["sx"], controls["sy"]):
-            stride.change(
-                self._on_stride,
-                inputs=[controls["sx"], controls["sy"], controls["ratio"], controls["hires_ratio"]],
-                outputs=[controls["ratio"], controls["hires_ratio"], cap],
+            self._note(INTRO, "intro")
+            self._rows(FIRST_VIEW, controls)
+            with gr.Accordion(ADVANCED_LABEL, open=False, elem_id=self.elem_id("advanced")):
+                self._rows(ADVANCED, controls)
+        capped = [controls[name] for name in CAPPED]
+        for trigger in (controls["sx"], controls["sy"], *capped):
+            trigger.change(
+                _on_strides,
+                inputs=[controls["sx"], controls["sy"], *capped],
+                outputs=[*capped, controls["ratio_cap"]],
                 show_progress=False,
             )
+        controls["method"].change(
+            _on_method,
+            inputs=[controls["method"]],
+            outputs=[controls[name] for name in METHOD_SPECIFIC],
+            show_progress=False,
+        )
         components = [controls[name] for name in S.NAMES]
         self.infotext_fields = ext.paste_fields(components)
         self.paste_field_names = [key for _, key in self.infotext_fields]
         return components
-
-    @staticmethod
-    def _on_stride(sx: float, sy: float, ratio: float, hires_ratio: float) -> tuple[Any, Any, str]:
-        cap = round(S.ratio_cap(int(sx), int(sy)), 4)
-        return (
-            gr.update(maximum=cap, value=min(ratio, cap)),
-            gr.update(maximum=cap, value=min(hires_ratio, cap)),
-            _cap_text(sx, sy),
-        )
 
     # --- generation lifecycle -----------------------------------------------------------------------
     def setup(self, p: Any, *args: Any) -> None:

@@ -184,7 +184,7 @@ def axes() -> list[Axis]:
     out = []
     for name in S.NAMES:
         s = S.spec(name)
-        label = f"[ToMe] {'Enabled' if name == 'enabled' else s.label}"
+        label = f"[ToMe] {s.axis or s.label}"
         if s.kind == "bool":
             out.append(Axis(label, str, (name,), ("True", "False")))
         elif s.kind == "choice":
