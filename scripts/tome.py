@@ -45,6 +45,8 @@ ADVANCED: tuple[tuple[str, ...], ...] = (
 )
 """Rows of the closed "Advanced" accordion inside: every other setting."""
 LAYOUT = FIRST_VIEW + ADVANCED
+SCALE = {"method": 2, "max_downsample": 3}
+"""Relative widths in a row (default 1): the five choices of max downsample stay on one line at a 600 px column."""
 ADVANCED_LABEL = "Advanced: strides, random seed, merge targets, plan reuse, schedule"
 INTRO = "Gains start around 1024 px: use it for large images and the hires. fix pass. Hover a control for details."
 NOTE_CLASS = "tome-note"  # style.css
@@ -101,7 +103,7 @@ class ToMeScript(scripts.Script):
     # --- UI ---------------------------------------------------------------------------------------
     def _control(self, name: str) -> gr.components.Component:
         s, default = S.spec(name), getattr(S.DEFAULTS, name)
-        common = dict(label=s.label, elem_id=self.elem_id(name))
+        common = dict(label=s.label, elem_id=self.elem_id(name), scale=SCALE.get(name, 1))
         if s.method is not None:
             common["interactive"] = s.method == S.DEFAULTS.method
         if s.kind == "bool":

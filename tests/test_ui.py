@@ -37,6 +37,16 @@ def webui():
     harness.reset_webui()
 
 
+@pytest.fixture(params=TABS)
+def tab(request, webui):
+    """One tab: its script runner, the ToMe controls by name, and a fresh browser page of it."""
+    runner = webui[request.param]
+    return runner, controls(runner), Page(runner.demo)
+
+
+ORDERS = pytest.mark.parametrize("order", ["forward", "reverse"])
+
+
 def tome_script(runner):
     return next(s for s in runner.alwayson_scripts if s.title() == "ToMe")
 
@@ -134,6 +144,13 @@ def test_labels_are_short_and_details_are_hints():
     assert "0 (the default): always on" in S.spec("min_size").hint
 
 
+def test_readme_shows_the_accordion():
+    controls_section = (ROOT / "README.md").read_text(encoding="utf-8").split("## The controls", 1)[1].split("\n## ")[0]
+    assert "](docs/accordion.png)" in controls_section
+    image = (ROOT / "docs" / "accordion.png").read_bytes()
+    assert image.startswith(b"\x89PNG\r\n\x1a\n") and len(image) < 300_000
+
+
 def test_the_notes_are_styled_once():
     """gradio 3 gives a Markdown's elem_id and classes to its block and to the .prose inside it (gradio 4: classes
     only to both): style.css targets the .prose inside a note, one element in either."""
@@ -151,13 +168,10 @@ def test_the_notes_are_styled_once():
 # --- event chains: every control shows the value that will be used ------------------------------------
 
 
-@pytest.mark.parametrize("order", ["forward", "reverse"])
-@pytest.mark.parametrize("tab", TABS)
-def test_paste_above_the_stride_cap_is_drawn_where_it_is(webui, tab, order):
+@ORDERS
+def test_paste_above_the_stride_cap_is_drawn_where_it_is(tab, order):
     """The issue's bug: strides 1x1 pull the ratios to 0; pasting ratio 0.3 must draw 0.3, not a thumb at 0."""
-    runner = webui[tab]
-    c = controls(runner)
-    page = Page(runner.demo)
+    runner, c, page = tab
     page.user_sets(c["sx"], 1, order)
     page.user_sets(c["sy"], 1, order)
     page.user_sets(c["hires_ratio"], 0.4, order)
@@ -170,12 +184,9 @@ def test_paste_above_the_stride_cap_is_drawn_where_it_is(webui, tab, order):
     assert_drawn_as_held(page, runner)
 
 
-@pytest.mark.parametrize("order", ["forward", "reverse"])
-@pytest.mark.parametrize("tab", TABS)
-def test_strides_and_ratios_in_any_order(webui, tab, order):
-    runner = webui[tab]
-    c = controls(runner)
-    page = Page(runner.demo)
+@ORDERS
+def test_strides_and_ratios_in_any_order(tab, order):
+    runner, c, page = tab
     note = cap_note(runner)
 
     page.user_sets(c["ratio"], 0.9, order)  # above 2x2's cap: pulled down to it
@@ -199,11 +210,8 @@ def test_strides_and_ratios_in_any_order(webui, tab, order):
     shown_settings(page, runner)  # valid: what the controls show is what a generation gets
 
 
-@pytest.mark.parametrize("tab", TABS)
-def test_method_specific_controls_follow_the_method(webui, tab):
-    runner = webui[tab]
-    c = controls(runner)
-    page = Page(runner.demo)
+def test_method_specific_controls_follow_the_method(tab):
+    runner, c, page = tab
     merge_only = [n for n in S.NAMES if S.spec(n).method == "merge"]
     assert {"ratio", "sx", "use_rand", "share_plan"} <= set(merge_only)
     assert [n for n in S.NAMES if S.spec(n).method == "downsample"] == ["downsample_factor"]
@@ -237,10 +245,8 @@ OLD_INFOTEXT = (
 """An infotext as this extension wrote it before the accordion changed: it still pastes."""
 
 
-@pytest.mark.parametrize("tab", TABS)
-def test_old_infotexts_still_paste(webui, tab):
-    runner = webui[tab]
-    page = Page(runner.demo)
+def test_old_infotexts_still_paste(tab):
+    runner, _, page = tab
     page.paste(runner, OLD_INFOTEXT)
     expected = S.from_dict(
         {
