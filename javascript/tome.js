@@ -30,4 +30,6 @@
         }
     }
     onUiLoaded(addTitles);
+    // gradio 3 rebuilds a control whose interactivity changes (the method greys some out): title it again
+    onAfterUiUpdate(addTitles);
 })();

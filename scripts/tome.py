@@ -82,6 +82,15 @@ def _on_method(method: str) -> tuple[Any, ...]:
     return tuple(gr.update(interactive=S.spec(name).method == method) for name in METHOD_SPECIFIC)
 
 
+def _on_change(trigger: Any, fn: Any, inputs: list[Any], outputs: list[Any]) -> None:
+    """``fn`` on every change of ``trigger``, and once more when it returns: gradio 3 drops a change that comes
+    while the same listener is still running (a typed "0.9" after "0"), so the second call reads the values the
+    first one missed (gradio 4 reruns it itself; the second call then changes nothing)."""
+    trigger.change(fn, inputs=inputs, outputs=outputs, show_progress=False).then(
+        fn, inputs=inputs, outputs=outputs, show_progress=False
+    )
+
+
 def _no_builtin_ratio(for_hr: bool = False) -> float:
     return 0.0
 
@@ -136,18 +145,10 @@ class ToMeScript(scripts.Script):
                 self._rows(ADVANCED, controls)
         capped = [controls[name] for name in CAPPED]
         for trigger in (controls["sx"], controls["sy"], *capped):
-            trigger.change(
-                _on_strides,
-                inputs=[controls["sx"], controls["sy"], *capped],
-                outputs=[*capped, controls["ratio_cap"]],
-                show_progress=False,
+            _on_change(
+                trigger, _on_strides, [controls["sx"], controls["sy"], *capped], [*capped, controls["ratio_cap"]]
             )
-        controls["method"].change(
-            _on_method,
-            inputs=[controls["method"]],
-            outputs=[controls[name] for name in METHOD_SPECIFIC],
-            show_progress=False,
-        )
+        _on_change(controls["method"], _on_method, [controls["method"]], [controls[n] for n in METHOD_SPECIFIC])
         components = [controls[name] for name in S.NAMES]
         self.infotext_fields = ext.paste_fields(components)
         self.paste_field_names = [key for _, key in self.infotext_fields]

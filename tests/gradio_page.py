@@ -4,11 +4,14 @@
 registered event listeners the way the gradio frontend does: a listener's inputs are read from the page when the
 event is dispatched, its function runs through gradio's own request processing (``Blocks.process_api``:
 preprocess, call, postprocess), and the answer's updates are applied to the page; every component whose value
-that changed fires its ``change`` listeners in turn, until nothing changes.
+that changed fires its ``change`` listeners in turn, and a finished listener starts its ``.then`` listeners, until
+nothing is left to run.
 
-Events dispatched together (one answer changes several components) all read the page as it was when they were
-dispatched, and their answers may come back in any order (``order="forward"`` or ``"reverse"``), as with real
-requests.
+Requests take time: a listener triggered again while its request is in flight is dropped by gradio 3 (the frontend
+skips a function whose status is pending); gradio 4 runs it once more afterwards with the inputs of its last trigger
+(``trigger_mode="always_last"``, the default of ``change``; ``"once"`` drops it like gradio 3). Requests in flight
+together may come back in either order (``order="forward"`` or ``"reverse"``). ``user_types`` sets several values
+faster than the server answers.
 
 For sliders it also models what the browser *draws*: an ``<input type=range>`` snaps the value it is given to
 its step and clamps it to its min/max at the moment the value is set, and re-clamps the drawn value (not the
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 import gradio as gr
@@ -29,23 +33,40 @@ GRADIO_4 = int(gr.__version__.split(".")[0]) >= 4
 UPDATE_TYPES = ("update", "generic_update")
 
 
+@dataclass
+class Listener:
+    key: Any  # what process_api takes: the fn index (gradio 3) or the dependency id (gradio 4)
+    targets: set[tuple[int, str]]
+    inputs: list[int]
+    outputs: list[int]
+    dep: dict[str, Any]
+    then: list[Listener] = field(default_factory=list)
+
+
 class Page:
     def __init__(self, demo: gr.Blocks):
         self.demo = demo
         config = demo.get_config_file()
         self.props: dict[int, dict[str, Any]] = {c["id"]: dict(c.get("props") or {}) for c in config["components"]}
         self.kind: dict[int, str] = {c["id"]: c["type"] for c in config["components"]}
-        self.listeners: list[tuple[int, set[tuple[int, str]], list[int], list[int]]] = []
+        self.listeners: list[Listener] = []
+        by_index: dict[Any, Listener] = {}
         for index, dep in enumerate(config["dependencies"]):
-            if not dep.get("backend_fn"):
-                continue  # javascript-only listeners (InputAccordion's sync) change no component here
             if GRADIO_4:
-                key, targets = dep["id"], {(int(t[0]), t[1]) for t in dep["targets"]}
+                key, targets = dep["id"], {(t[0], t[1]) for t in dep["targets"] if t[0] is not None}
             else:
-                key, targets = index, {(int(t), dep["trigger"]) for t in dep["targets"]}
-            self.listeners.append((key, targets, list(dep["inputs"]), list(dep["outputs"])))
+                key, targets = index, {(t, dep["trigger"]) for t in dep["targets"] if dep["trigger"] != "then"}
+            listener = Listener(key, targets, list(dep["inputs"]), list(dep["outputs"]), dep)
+            by_index[key] = listener
+            if dep.get("trigger_after") is not None:
+                by_index[dep["trigger_after"]].then.append(listener)
+            if dep.get("backend_fn"):  # javascript-only listeners (InputAccordion's sync) change no component here
+                self.listeners.append(listener)
         self._drawn = {i: self._clamped(i, p.get("value")) for i, p in self.props.items() if self.kind[i] == "slider"}
+        self._in_flight: list[tuple[Listener, list[Any]]] = []
+        self._last_trigger: dict[int, list[Any]] = {}  # gradio 4 always_last: inputs of the trigger to run next
         self.calls = 0
+        self.dropped = 0
 
     # --- reading ----------------------------------------------------------------------------------
     def value(self, component: Any) -> Any:
@@ -63,15 +84,23 @@ class Page:
 
     # --- acting -----------------------------------------------------------------------------------
     def user_sets(self, component: Any, value: Any, order: str = "forward") -> None:
-        """A person sets a control (drags a slider, types a number, picks a choice); its listeners run. A slider
-        takes no value beyond its current bounds or off its steps from a person."""
-        if component._id in self._drawn:
-            value = self._clamped(component._id, value)
-        changed = self._apply(component._id, {"__type__": "update", "value": value})
-        self._settle(self._triggered(changed, "change") + self._triggered({component._id}, "input"), order)
+        """A person sets a control (drags a slider, types a number, picks a choice); its listeners run."""
+        self.user_types(component, [value], order)
+
+    def user_types(self, component: Any, values: list[Any], order: str = "forward") -> None:
+        """A person sets a control to each of ``values`` in turn, faster than the server answers; then every
+        request runs to its end. A slider takes no value beyond its bounds or off its steps from a person."""
+        for value in values:
+            if component._id in self._drawn:
+                value = self._clamped(component._id, value)
+            changed = self._apply(component._id, {"__type__": "update", "value": value})
+            self._trigger(changed, "change")
+            self._trigger({component._id}, "input")
+        self._settle(order)
 
     def click(self, component: Any, order: str = "forward") -> None:
-        self._settle(self._triggered({component._id}, "click"), order)
+        self._trigger({component._id}, "click")
+        self._settle(order)
 
     def paste(self, runner: Any, infotext: str, order: str = "forward") -> None:
         """The tab's paste button with ``infotext`` in its prompt box (the harness's ``runner.prompt/paste``)."""
@@ -79,25 +108,38 @@ class Page:
         self.click(runner.paste, order)
 
     # --- the event loop -----------------------------------------------------------------------------
-    def _triggered(self, ids: set[int], event: str) -> list[int]:
-        return [n for n, (_, targets, _, _) in enumerate(self.listeners) if any((i, event) in targets for i in ids)]
+    def _trigger(self, ids: set[int], event: str) -> None:
+        for listener in self.listeners:
+            if any((i, event) in listener.targets for i in ids):
+                self._dispatch(listener)
 
-    def _settle(self, pending: list[int], order: str, limit: int = 50) -> None:
+    def _dispatch(self, listener: Listener) -> None:
+        inputs = [self.props[i].get("value") for i in listener.inputs]
+        if any(busy is listener for busy, _ in self._in_flight):
+            if GRADIO_4 and listener.dep.get("trigger_mode") == "always_last":
+                self._last_trigger[id(listener)] = inputs
+            else:
+                self.dropped += 1
+            return
+        self._in_flight.append((listener, inputs))
+
+    def _settle(self, order: str, limit: int = 200) -> None:
         for _ in range(limit):
-            if not pending:
+            if not self._in_flight:
                 return
-            dispatched = [(n, [self.props[i].get("value") for i in self.listeners[n][2]]) for n in pending]
-            if order == "reverse":
-                dispatched.reverse()
+            listener, inputs = self._in_flight[-1 if order == "reverse" else 0]
+            data = asyncio.run(self._process(listener.key, inputs))
+            self.calls += 1
             changed: set[int] = set()
-            for n, inputs in dispatched:
-                key, _, _, outputs = self.listeners[n]
-                data = asyncio.run(self._process(key, inputs))
-                self.calls += 1
-                for output, item in zip(outputs, data):
-                    changed |= self._apply(output, item)
-            pending = self._triggered(changed, "change")
-        raise AssertionError(f"change listeners still firing after {limit} rounds")
+            for output, item in zip(listener.outputs, data):
+                changed |= self._apply(output, item)
+            self._trigger(changed, "change")  # while this request still counts as in flight
+            self._in_flight = [(other, i) for other, i in self._in_flight if other is not listener]
+            for follower in listener.then:
+                self._dispatch(follower)
+            if id(listener) in self._last_trigger:
+                self._in_flight.append((listener, self._last_trigger.pop(id(listener))))
+        raise AssertionError(f"listeners still running after {limit} requests")
 
     async def _process(self, key: int, inputs: list[Any]) -> list[Any]:
         if GRADIO_4:

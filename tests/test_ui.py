@@ -210,6 +210,23 @@ def test_strides_and_ratios_in_any_order(tab, order):
     shown_settings(page, runner)  # valid: what the controls show is what a generation gets
 
 
+@ORDERS
+def test_values_typed_faster_than_the_server_answers(tab, order):
+    """gradio 3 drops a change that comes while its listener runs: "0" then "0.9" typed at 2x2 strides must still
+    end at the cap, and a quick merge → downsample → merge must leave the merge controls interactive."""
+    runner, c, page = tab
+    page.user_types(c["ratio"], [0.0, 0.9], order)
+    assert page.value(c["ratio"]) == 0.75
+    page.user_types(c["sy"], [1, 4, 1], order)
+    page.user_types(c["hires_ratio"], [0.2, 0.6], order)
+    assert (page.value(c["ratio"]), page.value(c["hires_ratio"])) == (0.5, 0.5)
+    page.user_types(c["method"], ["downsample", "merge"], order)
+    assert page.interactive(c["ratio"]) and not page.interactive(c["downsample_factor"])
+    page.user_types(c["method"], ["merge", "downsample"], order)
+    assert not page.interactive(c["ratio"]) and page.interactive(c["downsample_factor"])
+    assert_drawn_as_held(page, runner)
+
+
 def test_method_specific_controls_follow_the_method(tab):
     runner, c, page = tab
     merge_only = [n for n in S.NAMES if S.spec(n).method == "merge"]
