@@ -12,6 +12,7 @@ and ControlNet's models, ``postprocess`` and ``p.close()`` remove every patch.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import Any
@@ -56,25 +57,28 @@ METHOD_SPECIFIC = tuple(name for name in S.NAMES if S.spec(name).method)
 """Controls greyed out unless ``method`` is the one that reads them."""
 
 
-def _capped_max(name: str, sx: float, sy: float) -> float:
-    """The largest value on the slider's steps that ``sx x sy`` strides allow (2/3 → 0.66, never 0.6667)."""
-    step = S.spec(name).step
-    return round(math.floor(S.ratio_cap(int(sx), int(sy)) / step + 1e-9) * step, 10)
+def _capped_max(slider: Any, sx: float, sy: float) -> float:
+    """The largest value on ``slider``'s steps that ``sx x sy`` strides and its maximum allow (2/3 → 0.66 on 0.01
+    steps, 0.65 on 0.05 ones). Read from the slider itself: the WebUI's ui-config.json may have replaced the
+    record's step or maximum (it saves them by label on the first start and restores them on later ones)."""
+    low, step = float(slider.minimum), float(slider.step)
+    top = min(S.ratio_cap(int(sx), int(sy)), float(slider.maximum))
+    return round(low + max(math.floor((top - low) / step + 1e-9), 0) * step, 10)
 
 
-def _cap_text(sx: float, sy: float) -> str:
-    cap = _capped_max("ratio", sx, sy)
+def _cap_text(ratio: Any, sx: float, sy: float) -> str:
+    cap = _capped_max(ratio, sx, sy)
     return f"With {int(sx)}×{int(sy)} strides the ratios go up to **{cap:g}** (at most 1 − 1/(stride x · stride y))."
 
 
-def _on_strides(sx: float, sy: float, *ratios: float) -> tuple[Any, ...]:
+def _on_strides(sliders: list[Any], sx: float, sy: float, ratio: float, hires_ratio: float) -> tuple[Any, ...]:
     """Any stride or ratio change: pull a ratio above the strides' cap down to it (one that fits is left
     alone), and say the cap. The sliders' maximum never moves, so a pasted ratio is always drawn where it is."""
     updates = []
-    for name, value in zip(CAPPED, ratios):
-        cap = _capped_max(name, sx, sy)
+    for slider, value in zip(sliders, (ratio, hires_ratio)):
+        cap = _capped_max(slider, sx, sy)
         updates.append(gr.update(value=cap) if value is not None and value > cap + 1e-9 else gr.update())
-    return (*updates, _cap_text(sx, sy))
+    return (*updates, _cap_text(sliders[0], sx, sy))
 
 
 def _on_method(method: str) -> tuple[Any, ...]:
@@ -129,7 +133,8 @@ class ToMeScript(scripts.Script):
                 for name in row:
                     controls[name] = self._control(name)
             if row == ("sx", "sy"):
-                controls["ratio_cap"] = self._note(_cap_text(S.DEFAULTS.sx, S.DEFAULTS.sy), "ratio_cap")
+                text = _cap_text(controls["ratio"], S.DEFAULTS.sx, S.DEFAULTS.sy)
+                controls["ratio_cap"] = self._note(text, "ratio_cap")
 
     def _note(self, text: str, name: str) -> gr.Markdown:
         return gr.Markdown(text, elem_id=self.elem_id(name), elem_classes=[NOTE_CLASS])
@@ -144,10 +149,9 @@ class ToMeScript(scripts.Script):
             with gr.Accordion(ADVANCED_LABEL, open=False, elem_id=self.elem_id("advanced")):
                 self._rows(ADVANCED, controls)
         capped = [controls[name] for name in CAPPED]
+        on_strides = functools.partial(_on_strides, capped)
         for trigger in (controls["sx"], controls["sy"], *capped):
-            _on_change(
-                trigger, _on_strides, [controls["sx"], controls["sy"], *capped], [*capped, controls["ratio_cap"]]
-            )
+            _on_change(trigger, on_strides, [controls["sx"], controls["sy"], *capped], [*capped, controls["ratio_cap"]])
         _on_change(controls["method"], _on_method, [controls["method"]], [controls[n] for n in METHOD_SPECIFIC])
         components = [controls[name] for name in S.NAMES]
         self.infotext_fields = ext.paste_fields(components)

@@ -211,6 +211,25 @@ def test_strides_and_ratios_in_any_order(tab, order):
 
 
 @ORDERS
+def test_steps_and_maximum_saved_in_ui_config_are_honoured(tab, order):
+    """The WebUI saves each slider's step and maximum in ui-config.json by label and restores them at start (an
+    install from before the ratio's step became 0.01 keeps 0.05): the cap is taken on the slider's own grid."""
+    runner, c, _ = tab
+    c["ratio"].step, c["hires_ratio"].maximum = 0.05, 0.6  # as ui_loadsave sets them, before the page is served
+    page = Page(runner.demo)
+    page.user_sets(c["ratio"], 0.95, order)
+    page.user_sets(c["sx"], 3, order)
+    page.user_sets(c["sy"], 1, order)
+    page.user_sets(c["hires_ratio"], 0.6, order)
+    assert (page.value(c["ratio"]), page.value(c["hires_ratio"])) == (0.65, 0.6)
+    assert "**0.65**" in page.value(cap_note(runner))
+    page.paste(runner, infotext(enabled=True, ratio=0.9, sx=4, sy=4, hires_ratio=0.9), order)
+    assert (page.value(c["ratio"]), page.value(c["hires_ratio"])) == (0.9, 0.6)
+    assert_drawn_as_held(page, runner)
+    shown_settings(page, runner)
+
+
+@ORDERS
 def test_values_typed_faster_than_the_server_answers(tab, order):
     """gradio 3 drops a change that comes while its listener runs: "0" then "0.9" typed at 2x2 strides must still
     end at the cap, and a quick merge → downsample → merge must leave the merge controls interactive."""
