@@ -2,24 +2,24 @@
 (function () {
     const hints = {
         "enabled": "Merge redundant tokens in the UNet's transformer blocks for this generation.",
-        "ratio": "Fraction of tokens merged away before self-attention. At most 1 - 1/(stride x * stride y). Higher is faster and less faithful.",
-        "max_downsample": "Merge in the UNet levels downsampled at most this much. auto: the highest-resolution level that has transformer blocks (1 for SD1/SD2, 2 for SDXL).",
-        "sx": "Width of the cells that each keep one destination token.",
-        "sy": "Height of the cells that each keep one destination token.",
+        "ratio": "Fraction of tokens merged away before self-attention: higher is faster and less faithful; 0.3-0.5 for the first pass. At most 1 - 1/(stride x * stride y). Not used by the downsample method.",
+        "max_downsample": "Merge (or downsample) in the UNet levels downsampled at most this much. auto: the highest-resolution level that has transformer blocks (1 for SD1/SD2, 2 for SDXL).",
+        "sx": "Width of the cells that each keep one destination token. Larger strides allow higher ratios (at most 1 - 1/(stride x * stride y)).",
+        "sy": "Height of the cells that each keep one destination token. Larger strides allow higher ratios (at most 1 - 1/(stride x * stride y)).",
         "use_rand": "Pick each cell's destination token at random (reproducible from the seed) instead of the top-left one.",
-        "seed": "Seed of the random destinations; -1 derives it from the image seed.",
+        "seed": "Seed of the random destinations; -1 (the default) derives it from the image seed.",
         "merge_attn": "Merge tokens before self-attention (the main speed-up).",
         "merge_crossattn": "Also merge before cross-attention (little gain, some quality loss).",
         "merge_mlp": "Also merge before the feed-forward layer (little gain, noticeable quality loss).",
-        "hires_ratio": "Merge ratio for the hires. fix pass; 0 uses the main ratio.",
-        "min_size": "ToMe stays off while the shorter image side is below this many pixels; the gain is nil around 512 px.",
+        "hires_ratio": "Merge ratio of the hires. fix pass, where ToMe gains most; 0 (the default) uses the merge ratio. At most 1 - 1/(stride x * stride y).",
+        "min_size": "ToMe stays off for a pass whose shorter image side is below this many pixels (e.g. 768: only the hires. fix pass is merged); 0 (the default): always on. The gain is nil around 512 px.",
         "merge_controlnet": "Also merge tokens inside the active ControlNet models, with the same settings.",
-        "method": "merge: the paper's token merging. downsample: keep every query, downsample keys and values (ToDo).",
-        "downsample_factor": "downsample method: keys and values are pooled by this factor per side at the first level.",
-        "start": "ToMe is active from this fraction of the sampling steps on.",
-        "end": "ToMe is active until this fraction of the sampling steps (e.g. 0.7: off for the last 30%).",
-        "share_plan": "Compute the merge plan once per UNet level and forward, and reuse it in that level's other blocks.",
-        "plan_interval": "Reuse merge plans across this many consecutive sampling steps."
+        "method": "merge: the paper's token merging (ratio, strides, random destinations, merge targets, plan reuse). downsample: keep every query, downsample keys and values by the downsample factor (ToDo); faster and more faithful, recommended for SDXL and 1024 px and more.",
+        "downsample_factor": "downsample method only: keys and values are subsampled by this factor per side at the highest-resolution level with transformer blocks, halved per level below it.",
+        "start": "ToMe is active from this fraction of the sampling steps on (0: from the first step).",
+        "end": "ToMe is active until this fraction of the sampling steps (e.g. 0.7: off for the last 30%, which draw fine detail).",
+        "share_plan": "Compute the merge plan once per UNet level and forward, and reuse it in that level's other blocks (faster, slightly less faithful).",
+        "plan_interval": "Recompute the merge plans every this many sampling steps and reuse them in between (1: every step, exact)."
     };
     function addTitles() {
         for (const tab of ['txt2img', 'img2img']) {
@@ -30,4 +30,6 @@
         }
     }
     onUiLoaded(addTitles);
+    // gradio 3 rebuilds a control whose interactivity changes (the method greys some out): title it again
+    onAfterUiUpdate(addTitles);
 })();

@@ -15,7 +15,9 @@ The model is always resolved by ``tome_core.find_unet`` (WebUI, Forge Classic, F
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 from typing import Any
 
 import gradio as gr
@@ -32,22 +34,69 @@ log = logging.getLogger("tome_core")
 registry = ext.PatchRegistry()
 RUN_ATTR = "tome_run"
 
-LAYOUT: tuple[tuple[str, ...], ...] = (
-    ("ratio", "max_downsample"),
-    ("sx", "sy"),
+FIRST_VIEW: tuple[tuple[str, ...], ...] = (
+    ("ratio", "hires_ratio"),
+    ("method", "max_downsample"),
+)
+"""Rows shown when the accordion opens: what most people set."""
+ADVANCED: tuple[tuple[str, ...], ...] = (
+    ("sx", "sy"),  # the stride cap note follows this row
     ("use_rand", "seed"),
     ("merge_attn", "merge_crossattn", "merge_mlp"),
-    ("hires_ratio", "min_size"),
-    ("merge_controlnet",),
-    ("method", "downsample_factor"),
-    ("start", "end"),
     ("share_plan", "plan_interval"),
+    ("start", "end"),
+    ("min_size", "downsample_factor"),
+    ("merge_controlnet",),
 )
+"""Rows of the closed "Advanced" accordion inside: every other setting."""
+LAYOUT = FIRST_VIEW + ADVANCED
+SCALE = {"method": 2, "max_downsample": 3}
+"""Relative widths in a row (default 1): the five choices of max downsample stay on one line at a 600 px column."""
+ADVANCED_LABEL = "Advanced: strides, random seed, merge targets, plan reuse, schedule"
+INTRO = "Gains start around 1024 px: use it for large images and the hires. fix pass. Hover a control for details."
+NOTE_CLASS = "tome-note"  # style.css
+CAPPED = ("ratio", "hires_ratio")
+"""Sliders whose largest allowed value depends on the strides."""
+METHOD_SPECIFIC = tuple(name for name in S.NAMES if S.spec(name).method)
+"""Controls greyed out unless ``method`` is the one that reads them."""
 
 
-def _cap_text(sx: float, sy: float) -> str:
-    cap = S.ratio_cap(int(sx), int(sy))
-    return f"Ratio at most 1 - 1/(stride x · stride y) = **{cap:.3g}** for {int(sx)}×{int(sy)} strides."
+def _capped_max(slider: Any, sx: float, sy: float) -> float:
+    """The largest value on ``slider``'s steps that ``sx x sy`` strides and its maximum allow (2/3 → 0.66 on 0.01
+    steps, 0.65 on 0.05 ones). Read from the slider itself: the WebUI's ui-config.json may have replaced the
+    record's step or maximum (it saves them by label on the first start and restores them on later ones)."""
+    low, step = float(slider.minimum), float(slider.step)
+    top = min(S.ratio_cap(int(sx), int(sy)), float(slider.maximum))
+    return round(low + max(math.floor((top - low) / step + 1e-9), 0) * step, 10)
+
+
+def _cap_text(ratio: Any, sx: float, sy: float) -> str:
+    cap = _capped_max(ratio, sx, sy)
+    return f"With {int(sx)}×{int(sy)} strides the ratios go up to **{cap:g}** (at most 1 − 1/(stride x · stride y))."
+
+
+def _on_strides(sliders: list[Any], sx: float, sy: float, ratio: float, hires_ratio: float) -> tuple[Any, ...]:
+    """Any stride or ratio change: pull a ratio above the strides' cap down to it (one that fits is left
+    alone), and say the cap. The sliders' maximum never moves, so a pasted ratio is always drawn where it is."""
+    updates = []
+    for slider, value in zip(sliders, (ratio, hires_ratio)):
+        cap = _capped_max(slider, sx, sy)
+        updates.append(gr.update(value=cap) if value is not None and value > cap + 1e-9 else gr.update())
+    return (*updates, _cap_text(sliders[0], sx, sy))
+
+
+def _on_method(method: str) -> tuple[Any, ...]:
+    """Only the controls that the chosen method reads are interactive."""
+    return tuple(gr.update(interactive=S.spec(name).method == method) for name in METHOD_SPECIFIC)
+
+
+def _on_change(trigger: Any, fn: Any, inputs: list[Any], outputs: list[Any]) -> None:
+    """``fn`` on every change of ``trigger``, and once more when it returns: gradio 3 drops a change that comes
+    while the same listener is still running (a typed "0.9" after "0"), so the second call reads the values the
+    first one missed (gradio 4 reruns it itself; the second call then changes nothing)."""
+    trigger.change(fn, inputs=inputs, outputs=outputs, show_progress=False).then(
+        fn, inputs=inputs, outputs=outputs, show_progress=False
+    )
 
 
 def _no_builtin_ratio(for_hr: bool = False) -> float:
@@ -71,7 +120,9 @@ class ToMeScript(scripts.Script):
     # --- UI ---------------------------------------------------------------------------------------
     def _control(self, name: str) -> gr.components.Component:
         s, default = S.spec(name), getattr(S.DEFAULTS, name)
-        common = dict(label=s.label, elem_id=self.elem_id(name))
+        common = dict(label=s.label, elem_id=self.elem_id(name), scale=SCALE.get(name, 1))
+        if s.method is not None:
+            common["interactive"] = s.method == S.DEFAULTS.method
         if s.kind == "bool":
             return gr.Checkbox(value=default, **common)
         if s.kind == "choice":
@@ -80,37 +131,36 @@ class ToMeScript(scripts.Script):
             return gr.Number(value=default, precision=0, minimum=s.minimum, maximum=s.maximum, **common)
         return gr.Slider(minimum=s.minimum, maximum=s.maximum, step=s.step, value=default, **common)
 
+    def _rows(self, rows: tuple[tuple[str, ...], ...], controls: dict[str, Any]) -> None:
+        for row in rows:
+            with gr.Row():
+                for name in row:
+                    controls[name] = self._control(name)
+            if row == ("sx", "sy"):
+                text = _cap_text(controls["ratio"], S.DEFAULTS.sx, S.DEFAULTS.sy)
+                controls["ratio_cap"] = self._note(text, "ratio_cap")
+
+    def _note(self, text: str, name: str) -> gr.Markdown:
+        return gr.Markdown(text, elem_id=self.elem_id(name), elem_classes=[NOTE_CLASS])
+
     def ui(self, is_img2img: bool) -> list[Any]:
         controls: dict[str, Any] = {}
         enabled_spec = S.spec("enabled")
         with InputAccordion(S.DEFAULTS.enabled, label=enabled_spec.label, elem_id=self.elem_id("enabled")) as enabled:
             controls["enabled"] = enabled
-            for row in LAYOUT:
-                with gr.Row():
-                    for name in row:
-                        controls[name] = self._control(name)
-                if row == ("sx", "sy"):
-                    cap = gr.Markdown(_cap_text(S.DEFAULTS.sx, S.DEFAULTS.sy), elem_id=self.elem_id("ratio_cap"))
-        for stride in (controls["sx"], controls["sy"]):
-            stride.change(
-                self._on_stride,
-                inputs=[controls["sx"], controls["sy"], controls["ratio"], controls["hires_ratio"]],
-                outputs=[controls["ratio"], controls["hires_ratio"], cap],
-                show_progress=False,
-            )
+            self._note(INTRO, "intro")
+            self._rows(FIRST_VIEW, controls)
+            with gr.Accordion(ADVANCED_LABEL, open=False, elem_id=self.elem_id("advanced")):
+                self._rows(ADVANCED, controls)
+        capped = [controls[name] for name in CAPPED]
+        on_strides = functools.partial(_on_strides, capped)
+        for trigger in (controls["sx"], controls["sy"], *capped):
+            _on_change(trigger, on_strides, [controls["sx"], controls["sy"], *capped], [*capped, controls["ratio_cap"]])
+        _on_change(controls["method"], _on_method, [controls["method"]], [controls[n] for n in METHOD_SPECIFIC])
         components = [controls[name] for name in S.NAMES]
         self.infotext_fields = ext.paste_fields(components)
         self.paste_field_names = [key for _, key in self.infotext_fields]
         return components
-
-    @staticmethod
-    def _on_stride(sx: float, sy: float, ratio: float, hires_ratio: float) -> tuple[Any, Any, str]:
-        cap = round(S.ratio_cap(int(sx), int(sy)), 4)
-        return (
-            gr.update(maximum=cap, value=min(ratio, cap)),
-            gr.update(maximum=cap, value=min(hires_ratio, cap)),
-            _cap_text(sx, sy),
-        )
 
     # --- generation lifecycle -----------------------------------------------------------------------
     def setup(self, p: Any, *args: Any) -> None:

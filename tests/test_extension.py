@@ -115,33 +115,6 @@ def test_hooks_are_ones_webui_1_10_1_calls():
     assert list((ROOT / "scripts").iterdir()) == [ROOT / "scripts" / "tome.py"]
 
 
-def test_ui_controls_follow_the_settings_record(webui):
-    txt, _ = webui
-    script = tome_script(txt)
-    controls = txt.inputs[script.args_from : script.args_to]
-    assert len(controls) == len(S.NAMES)
-    for control, name in zip(controls, S.NAMES):
-        s = S.spec(name)
-        suffix = "-checkbox" if name == "enabled" else ""  # InputAccordion: the accordion has the id
-        assert control.label == s.label and control.elem_id == f"script_txt2img_tome_{name}{suffix}"
-        default = getattr(S.DEFAULTS, name)
-        assert control.value == (str(default) if s.kind == "choice" else default)
-        if s.kind in ("int", "float"):
-            assert (control.minimum, control.maximum) == (s.minimum, s.maximum)
-    assert [key for _, key in script.infotext_fields] == [S.spec(n).infotext for n in S.NAMES]
-    info = {e["label"]: e for e in api.script_info_entries(script)}
-    ratio = info[S.spec("ratio").label]
-    assert (ratio["minimum"], ratio["maximum"], ratio["step"], ratio["value"]) == (0.0, 0.95, 0.05, 0.5)
-
-
-def test_stride_change_caps_the_ratio_visibly(webui):
-    txt, _ = webui
-    module = type(tome_script(txt))
-    ratio, hires, text = module._on_stride(3, 1, 0.9, 0.2)
-    assert ratio["maximum"] == pytest.approx(2 / 3, abs=1e-4) and ratio["value"] == pytest.approx(2 / 3, abs=1e-4)
-    assert hires["value"] == 0.2 and "0.667" in text
-
-
 def test_javascript_hints_are_generated_from_the_record():
     assert (ROOT / ext.JS_PATH).read_text(encoding="utf-8") == ext.hints_js()
     for name in S.NAMES:

@@ -205,7 +205,7 @@ def axes() -> list[Axis]:
     out = []
     for name in S.NAMES:
         s = S.spec(name)
-        label = f"[ToMe] {'Enabled' if name == 'enabled' else s.label}"
+        label = f"[ToMe] {s.axis or s.label}"
         if s.kind == "bool":
             out.append(Axis(label, str, (name,), ("True", "False")))
         elif s.kind == "choice":
@@ -220,7 +220,8 @@ def axes() -> list[Axis]:
 
 
 def hints_js() -> str:
-    """The source of ``javascript/tome.js``: hover titles for every control, from the settings record."""
+    """The source of ``javascript/tome.js``: hover titles for every control, from the settings record, set when the
+    UI has loaded and again after UI updates (a control gradio re-created has lost its title)."""
     hints = {name: S.spec(name).hint for name in S.NAMES}
     return (
         "// Generated from tome_core/settings.py by `python -m tome_core.extension`; do not edit.\n"
@@ -235,6 +236,8 @@ def hints_js() -> str:
         "        }\n"
         "    }\n"
         "    onUiLoaded(addTitles);\n"
+        "    // gradio 3 rebuilds a control whose interactivity changes (the method greys some out): title it again\n"
+        "    onAfterUiUpdate(addTitles);\n"
         "})();\n"
     )
 

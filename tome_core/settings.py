@@ -37,6 +37,15 @@ class FieldSpec:
     maximum: float | None = None
     step: float | None = None
     choices: tuple[str, ...] = ()
+    axis: str = ""
+    """The XYZ axis label after ``[ToMe] ``; published labels never change (saved grids name them): the label's
+    first wording, kept when the label is shortened. Empty: the label."""
+    method: str | None = None
+    """The only ``method`` that reads this setting (the UI greys the control out for the other); None: both."""
+
+    def number(self, value: float) -> str:
+        """A bound or value as a person reads it: integers as integers (never ``4.29497e+09``)."""
+        return str(int(value)) if self.kind == "int" or float(value).is_integer() else f"{value:g}"
 
     def allowed(self) -> str:
         if self.kind == "bool":
@@ -44,7 +53,7 @@ class FieldSpec:
         if self.kind == "choice":
             return "one of " + ", ".join(repr(c) for c in self.choices)
         kind = "an integer" if self.kind == "int" else "a number"
-        return f"{kind} from {self.minimum:g} to {self.maximum:g}"
+        return f"{kind} from {self.number(self.minimum)} to {self.number(self.maximum)}"
 
 
 def _spec(default: Any, **kwargs: Any) -> Any:
@@ -61,6 +70,7 @@ class ToMeSettings:
         label="ToMe",
         infotext="ToMe",
         hint="Merge redundant tokens in the UNet's transformer blocks for this generation.",
+        axis="Enabled",
     )
     ratio: float = _spec(
         0.5,
@@ -69,8 +79,9 @@ class ToMeSettings:
         infotext="ToMe ratio",
         minimum=0.0,
         maximum=0.95,
-        step=0.05,
-        hint="Fraction of tokens merged away before self-attention. At most 1 - 1/(stride x * stride y). Higher is faster and less faithful.",
+        step=0.01,
+        hint="Fraction of tokens merged away before self-attention: higher is faster and less faithful; 0.3-0.5 for the first pass. At most 1 - 1/(stride x * stride y). Not used by the downsample method.",
+        method="merge",
     )
     max_downsample: MaxDownsample = _spec(
         "auto",
@@ -78,7 +89,7 @@ class ToMeSettings:
         label="Max downsample",
         infotext="ToMe max downsample",
         choices=DOWNSAMPLE_CHOICES,
-        hint="Merge in the UNet levels downsampled at most this much. auto: the highest-resolution level that has transformer blocks (1 for SD1/SD2, 2 for SDXL).",
+        hint="Merge (or downsample) in the UNet levels downsampled at most this much. auto: the highest-resolution level that has transformer blocks (1 for SD1/SD2, 2 for SDXL).",
     )
     sx: int = _spec(
         2,
@@ -88,7 +99,8 @@ class ToMeSettings:
         minimum=1,
         maximum=8,
         step=1,
-        hint="Width of the cells that each keep one destination token.",
+        hint="Width of the cells that each keep one destination token. Larger strides allow higher ratios (at most 1 - 1/(stride x * stride y)).",
+        method="merge",
     )
     sy: int = _spec(
         2,
@@ -98,7 +110,8 @@ class ToMeSettings:
         minimum=1,
         maximum=8,
         step=1,
-        hint="Height of the cells that each keep one destination token.",
+        hint="Height of the cells that each keep one destination token. Larger strides allow higher ratios (at most 1 - 1/(stride x * stride y)).",
+        method="merge",
     )
     use_rand: bool = _spec(
         True,
@@ -106,16 +119,19 @@ class ToMeSettings:
         label="Random destinations",
         infotext="ToMe random",
         hint="Pick each cell's destination token at random (reproducible from the seed) instead of the top-left one.",
+        method="merge",
     )
     seed: int = _spec(
         -1,
         kind="int",
-        label="Random seed (-1 = image seed)",
+        label="Random seed",
         infotext="ToMe seed",
         minimum=-1,
         maximum=2**32 - 1,
         step=1,
-        hint="Seed of the random destinations; -1 derives it from the image seed.",
+        hint="Seed of the random destinations; -1 (the default) derives it from the image seed.",
+        axis="Random seed (-1 = image seed)",
+        method="merge",
     )
     merge_attn: bool = _spec(
         True,
@@ -123,6 +139,7 @@ class ToMeSettings:
         label="Merge self-attention",
         infotext="ToMe merge attn",
         hint="Merge tokens before self-attention (the main speed-up).",
+        method="merge",
     )
     merge_crossattn: bool = _spec(
         False,
@@ -130,6 +147,7 @@ class ToMeSettings:
         label="Merge cross-attention",
         infotext="ToMe merge crossattn",
         hint="Also merge before cross-attention (little gain, some quality loss).",
+        method="merge",
     )
     merge_mlp: bool = _spec(
         False,
@@ -137,34 +155,39 @@ class ToMeSettings:
         label="Merge MLP",
         infotext="ToMe merge mlp",
         hint="Also merge before the feed-forward layer (little gain, noticeable quality loss).",
+        method="merge",
     )
     hires_ratio: float = _spec(
         0.0,
         kind="float",
-        label="Hires. fix ratio (0 = same)",
+        label="Hires. fix ratio",
         infotext="ToMe hires ratio",
         minimum=0.0,
         maximum=0.95,
-        step=0.05,
-        hint="Merge ratio for the hires. fix pass; 0 uses the main ratio.",
+        step=0.01,
+        hint="Merge ratio of the hires. fix pass, where ToMe gains most; 0 (the default) uses the merge ratio. At most 1 - 1/(stride x * stride y).",
+        axis="Hires. fix ratio (0 = same)",
+        method="merge",
     )
     min_size: int = _spec(
         0,
         kind="int",
-        label="Minimum size (px, 0 = always)",
+        label="Minimum size (px)",
         infotext="ToMe min size",
         minimum=0,
         maximum=8192,
         step=8,
-        hint="ToMe stays off while the shorter image side is below this many pixels; the gain is nil around 512 px.",
+        hint="ToMe stays off for a pass whose shorter image side is below this many pixels (e.g. 768: only the hires. fix pass is merged); 0 (the default): always on. The gain is nil around 512 px.",
+        axis="Minimum size (px, 0 = always)",
     )
 
     merge_controlnet: bool = _spec(
         True,
         kind="bool",
-        label="Merge in ControlNet models",
+        label="Merge in ControlNet",
         infotext="ToMe ControlNet",
         hint="Also merge tokens inside the active ControlNet models, with the same settings.",
+        axis="Merge in ControlNet models",
     )
     method: str = _spec(
         "merge",
@@ -172,54 +195,62 @@ class ToMeSettings:
         label="Method",
         infotext="ToMe method",
         choices=METHOD_CHOICES,
-        hint="merge: the paper's token merging. downsample: keep every query, downsample keys and values (ToDo).",
+        hint="merge: the paper's token merging (ratio, strides, random destinations, merge targets, plan reuse). downsample: keep every query, downsample keys and values by the downsample factor (ToDo); faster and more faithful, recommended for SDXL and 1024 px and more.",
     )
     downsample_factor: int = _spec(
         2,
         kind="int",
-        label="Key/value downsample factor",
+        label="Downsample factor",
         infotext="ToMe downsample factor",
         minimum=1,
         maximum=8,
         step=1,
-        hint="downsample method: keys and values are pooled by this factor per side at the first level.",
+        hint="downsample method only: keys and values are subsampled by this factor per side at the highest-resolution level with transformer blocks, halved per level below it.",
+        axis="Key/value downsample factor",
+        method="downsample",
     )
     start: float = _spec(
         0.0,
         kind="float",
-        label="Start at (fraction of steps)",
+        label="Start (fraction of steps)",
         infotext="ToMe start",
         minimum=0.0,
         maximum=1.0,
-        step=0.05,
-        hint="ToMe is active from this fraction of the sampling steps on.",
+        step=0.01,
+        hint="ToMe is active from this fraction of the sampling steps on (0: from the first step).",
+        axis="Start at (fraction of steps)",
     )
     end: float = _spec(
         1.0,
         kind="float",
-        label="End at (fraction of steps)",
+        label="End (fraction of steps)",
         infotext="ToMe end",
         minimum=0.0,
         maximum=1.0,
-        step=0.05,
-        hint="ToMe is active until this fraction of the sampling steps (e.g. 0.7: off for the last 30%).",
+        step=0.01,
+        hint="ToMe is active until this fraction of the sampling steps (e.g. 0.7: off for the last 30%, which draw fine detail).",
+        axis="End at (fraction of steps)",
     )
     share_plan: bool = _spec(
         False,
         kind="bool",
-        label="Share plan within a level",
+        label="Share plan per level",
         infotext="ToMe share plan",
-        hint="Compute the merge plan once per UNet level and forward, and reuse it in that level's other blocks.",
+        hint="Compute the merge plan once per UNet level and forward, and reuse it in that level's other blocks (faster, slightly less faithful).",
+        axis="Share plan within a level",
+        method="merge",
     )
     plan_interval: int = _spec(
         1,
         kind="int",
-        label="Recompute plan every N steps",
+        label="Plan interval (steps)",
         infotext="ToMe plan interval",
         minimum=1,
         maximum=20,
         step=1,
-        hint="Reuse merge plans across this many consecutive sampling steps.",
+        hint="Recompute the merge plans every this many sampling steps and reuse them in between (1: every step, exact).",
+        axis="Recompute plan every N steps",
+        method="merge",
     )
 
     def __post_init__(self) -> None:

@@ -37,13 +37,21 @@ def load_extension(extension_dir):
 
 
 def build_runner(is_img2img=False):
-    """initialize_scripts + prepare_ui + setup_ui inside a gr.Blocks, like ui.create_ui does for one tab."""
+    """initialize_scripts + prepare_ui + setup_ui inside a gr.Blocks, like ui.create_ui does for one tab, with the
+    tab's prompt box and paste button (``runner.prompt``, ``runner.paste``) connected to every script's
+    infotext_fields as ``connect_paste_params_buttons`` does (the built-in fields are left out)."""
+    from modules import infotext_utils
+
     runner = scripts.scripts_img2img if is_img2img else scripts.scripts_txt2img
+    tabname = "img2img" if is_img2img else "txt2img"
     scripts.scripts_current = runner
     runner.initialize_scripts(is_img2img=is_img2img)
     with gr.Blocks() as demo:
+        runner.prompt = gr.Textbox(label="Prompt", elem_id=f"{tabname}_prompt")
+        runner.paste = gr.Button("↙️", elem_id="paste")
         runner.prepare_ui()
         runner.setup_ui()
+        infotext_utils.connect_paste(runner.paste, list(runner.infotext_fields), runner.prompt)
     runner.demo = demo
     scripts.scripts_current = None
     return runner

@@ -15,6 +15,9 @@
   COMPONENT'S CURRENT VALUE: bool + "False" -> False, int -> float(v), else ``type(component.value)(v)``
   (so a bool component gets ``bool("anything non-empty") == True``, a component whose value is None gets no
   update because ``NoneType(v)`` fails, a str component gets ``str(v)``), failures -> ``gr.update()``.
+- ``connect_paste(button, paste_fields, input_comp)`` registers that function as the button's click listener with
+  every field's component as an output, as ``connect_paste`` does (~L477-527; no params.txt fallback, no override
+  settings dropdown, no ``recalculate_prompts`` JS); the harness wires each tab's paste button with it.
 - ``apply_paste_fields(paste_fields, text_or_params)`` returns ``{component: new_value}`` for the components
   that receive a value (test convenience on top of paste_func_updates).
 """
@@ -199,6 +202,13 @@ def _updates_from_params(paste_fields, params):
             except Exception:
                 res.append(gr.update())
     return res
+
+
+def connect_paste(button, paste_fields, input_comp):
+    def paste_func(prompt):
+        return paste_func_updates(paste_fields, prompt)
+
+    button.click(fn=paste_func, inputs=[input_comp], outputs=[x[0] for x in paste_fields], show_progress=False)
 
 
 def apply_paste_fields(paste_fields, text_or_params):

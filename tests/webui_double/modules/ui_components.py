@@ -6,12 +6,22 @@ class ``input-accordion``) is created next to it and kept as ``.accordion``; ``w
 enters the accordion and yields the checkbox, whose value (bool) is what ui() returns and the script receives.
 ``.extra()`` returns a ``gr.Column`` placed in the accordion's label. Without an elem_id the id is
 ``input-accordion-<n>`` from a class counter. The JS sync (``inputAccordionChecked``) is registered as in the real.
+
+On gradio 4 the module stands for Forge's, which is the same code behind Forge's gradio_extensions shims (imported
+first, as Forge does; the classes opt out of gradio's ``.pyi`` writing like Forge's). Forge's ``InputAccordion`` is a
+factory around ``InputAccordionImpl(gr.Checkbox)`` whose ``setup=False`` makes a plain checkbox: gradio 4 rebuilds a
+component from an update's kwargs (``postprocess_data``), without the value. The ``setup`` parameter here does the
+same (``InputAccordionImpl``); ``InputAccordion(value, **kwargs)`` is the class on gradio 3, Forge's factory on 4.
 """
 
 import gradio as gr
 
+from modules import gradio_extensions
+
 
 class FormComponent:
+    webui_do_not_create_gradio_pyi_thank_you = True
+
     def get_expected_parent(self):
         return gr.components.Form
 
@@ -53,14 +63,18 @@ class DropdownMulti(FormComponent, gr.Dropdown):
         return "dropdown"
 
 
-class InputAccordion(gr.Checkbox):
+class InputAccordionImpl(gr.Checkbox):
+    webui_do_not_create_gradio_pyi_thank_you = True
     global_index = 0
 
-    def __init__(self, value, **kwargs):
+    def __init__(self, value=None, setup=False, **kwargs):
+        if not setup:  # gradio 4 rebuilds a component from its update's kwargs: then it is a plain checkbox
+            super().__init__(value=value, **kwargs)
+            return
         accordion_id = kwargs.get("elem_id")
         if accordion_id is None:
-            accordion_id = f"input-accordion-{InputAccordion.global_index}"
-            InputAccordion.global_index += 1
+            accordion_id = f"input-accordion-{InputAccordionImpl.global_index}"
+            InputAccordionImpl.global_index += 1
         self.accordion_id = accordion_id
 
         super().__init__(value, **{**kwargs, "elem_id": f"{accordion_id}-checkbox", "visible": False})
@@ -91,3 +105,15 @@ class InputAccordion(gr.Checkbox):
 
     def get_block_name(self):
         return "checkbox"
+
+
+if gradio_extensions.GRADIO_4:
+
+    def InputAccordion(value=None, **kwargs):  # Forge: a factory
+        return InputAccordionImpl(value=value, setup=True, **kwargs)
+
+else:
+
+    class InputAccordion(InputAccordionImpl):  # A1111 1.10.1: the class itself
+        def __init__(self, value, **kwargs):
+            super().__init__(value, setup=True, **kwargs)
