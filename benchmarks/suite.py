@@ -22,6 +22,7 @@ benchmarks/speedup.png.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -29,6 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -37,7 +39,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import tomesd  # noqa: E402
 import tomesd.merge  # noqa: E402
-from models import Holder, make_unet, photo_latents  # noqa: E402
+from models import REAL, Holder, make_real_unet, make_unet, photo_latents  # noqa: E402
 
 import tome_core  # noqa: E402
 from tome_core import merge as tm  # noqa: E402
@@ -45,7 +47,9 @@ from tome_core.alloc import AllocationTracker  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 PLOT = ROOT / "benchmarks" / "speedup.png"
+RUNS = ROOT / "benchmarks" / "runs"  # each section's raw measurements (JSON), from which it is rendered
 BEGIN, END = "<!-- suite:begin -->", "<!-- suite:end -->"
+REAL_BEGIN, REAL_END = "<!-- real:begin -->", "<!-- real:end -->"
 RATIO = 0.5
 INTERVAL = 2
 REUSE = ("interval", "share+interval")  # timed over two steps: one computes the plan, one reuses it
@@ -62,16 +66,40 @@ LABELS = {
 }
 
 
+REAL_VARIANTS = ("baseline", "tomesd", "exact", "share+interval", "downsample", "limit")
+
+
 @dataclass(frozen=True)
 class Config:
     layout: str
     px: int
     channels: int
     batch: int
+    real: bool = False  # the shipped architecture (tests/models.REAL); ``channels`` is then 320
 
     @property
     def name(self) -> str:
         return f"{'SD1.5' if self.layout == 'sd15' else 'SDXL'} {self.px} px"
+
+    @property
+    def width(self) -> str:
+        return "real width" if self.real else f"model_channels {self.channels}"
+
+    @property
+    def context_dim(self) -> int:
+        return REAL[self.layout]["context_dim"] if self.real else 64
+
+    def build(self) -> torch.nn.Module:
+        if self.real:
+            return make_real_unet(self.layout)
+        return make_unet(self.layout, model_channels=self.channels)
+
+    def conditioning(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Text context (batch, 77, context_dim) and extra UNet keyword arguments (SDXL's ``y``)."""
+        gen = torch.Generator().manual_seed(0)
+        ctx = torch.randn(self.batch, 77, self.context_dim, generator=gen)
+        adm = REAL[self.layout].get("adm_in_channels") if self.real else None
+        return ctx, ({"y": torch.randn(self.batch, adm, generator=gen)} if adm else {})
 
 
 FULL = (
@@ -85,6 +113,7 @@ FULL = (
 )
 BIG_PX = 1024  # above this, one round fewer (the largest sizes dominate the run time)
 QUICK = (Config("sd15", 512, 64, 2), Config("sd15", 1024, 32, 1), Config("sdxl", 1024, 32, 1))
+REAL_CPU = (Config("sd15", 1024, 320, 2, True), Config("sdxl", 1024, 320, 1, True), Config("sd15", 512, 320, 2, True))
 
 
 @dataclass
@@ -94,6 +123,7 @@ class Row:
     wall: list[float] = field(default_factory=list)
     error: float = 0.0
     plan_bytes: int | None = None
+    peak_bytes: int | None = None  # CUDA: peak memory allocated during the variant's timed forwards
 
     @property
     def cpu_s(self) -> float:
@@ -112,6 +142,41 @@ class Result:
 
     def speedup(self, variant: str) -> float:
         return self.rows["baseline"].cpu_s / self.rows[variant].cpu_s
+
+    def to_json(self) -> dict:
+        return {
+            "config": vars(self.config),
+            "rows": {v: vars(r) for v, r in self.rows.items()},
+            "tomesd_equal": self.tomesd_equal,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> Result:
+        rows = {v: Row(**r) for v, r in data["rows"].items()}
+        return cls(Config(**data["config"]), rows, data["tomesd_equal"])
+
+
+def save_run_data(name: str, results: list[dict] | dict, meta: dict, runs: Path | None = None) -> Path:
+    """Keep a run's raw measurements (benchmarks/runs/<name>.json): its RESULTS.md section is rendered from them."""
+    runs = runs or RUNS
+    runs.mkdir(parents=True, exist_ok=True)
+    path = runs / f"{name}.json"
+    path.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def load_run_data(name: str, runs: Path | None = None) -> tuple[Any, dict]:
+    data = json.loads(((runs or RUNS) / f"{name}.json").read_text(encoding="utf-8"))
+    return data["results"], data["meta"]
+
+
+def save_run(name: str, results: list[Result], meta: dict) -> Path:
+    return save_run_data(name, [r.to_json() for r in results], meta)
+
+
+def load_run(name: str) -> tuple[list[Result], dict]:
+    data, meta = load_run_data(name)
+    return [Result.from_json(r) for r in data], meta
 
 
 # --- device ---------------------------------------------------------------------------------------
@@ -138,6 +203,35 @@ def prepare(unet: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+class Timer:
+    """Times the ``with`` block: on CUDA with events, synchronising only at its start and end (and recording
+    the peak memory allocated inside it); on a CPU with process CPU time and wall time."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cpu = self.wall = 0.0
+        self.peak_bytes: int | None = None
+
+    def __enter__(self) -> Timer:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self._events[0].record()
+        self._c0, self._w0 = time.process_time(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            start, end = self._events
+            end.record()
+            end.synchronize()
+            self.cpu = self.wall = start.elapsed_time(end) / 1000  # GPU time of the block
+            self.peak_bytes = torch.cuda.max_memory_allocated()
+        else:
+            self.cpu, self.wall = time.process_time() - self._c0, time.perf_counter() - self._w0
 
 
 # --- variants -------------------------------------------------------------------------------------
@@ -196,26 +290,37 @@ def plan_memory(config: Config, variant: str, metric: torch.Tensor, h: int, w: i
     return tracker.peak_bytes
 
 
-def run_config(config: Config, rounds: int, log: Callable[[str], None]) -> Result:
+def run_config(
+    config: Config,
+    rounds: int,
+    log: Callable[[str], None],
+    variants: tuple[str, ...] = VARIANTS,
+    warmup_round: bool = False,
+    unet: torch.nn.Module | None = None,
+) -> Result:
+    """Time ``variants`` on ``config``, interleaved round by round, after an untimed baseline forward (and,
+    with ``warmup_round``, an untimed round of every variant: kernel selection and the allocator on a GPU).
+    ``unet``: the configuration's model, already built and prepared (else it is built here)."""
     device, dtype = device_and_dtype()
-    unet = prepare(make_unet(config.layout, model_channels=config.channels), device, dtype)
+    unet = unet if unet is not None else prepare(config.build(), device, dtype)
     side = config.px // 8
     x = photo_latents(config.batch, side, side).to(device, dtype)
     noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     t = torch.full((config.batch,), 601.0, device=device)
-    ctx = torch.randn(config.batch, 77, 64, generator=torch.Generator().manual_seed(0)).to(device, dtype)
-    rows = {v: Row(v) for v in VARIANTS}
+    ctx, extra = config.conditioning()
+    ctx = ctx.to(device, dtype)
+    extra = {k: v.to(device, dtype) for k, v in extra.items()}
+    rows = {v: Row(v) for v in variants}
     step = Stepper()
 
     def forward(xx: torch.Tensor, tt: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            out = unet(xx, tt, ctx)
-        sync(device)
-        return out
+            return unet(xx, tt, ctx, **extra)
 
     # fidelity comes from the first timed round's outputs (every variant on the same input); the plan
     # reuse variants are timed over two steps, the second at a latent moved by a little noise and a
-    # timestep 20 lower, reusing the first step's plan: their error is that second step's
+    # timestep 20 lower, reusing the first step's plan: their error is that second step's. This
+    # untimed forward is also the configuration's warm-up.
     x2, t2 = x + 0.05 * noise, t - 20
     base2 = forward(x2, t2).float()
     outputs: dict[str, torch.Tensor] = {}
@@ -224,30 +329,33 @@ def run_config(config: Config, rounds: int, log: Callable[[str], None]) -> Resul
     level = level_downsample(config.layout)
     hl, wl = math.ceil(side / level), math.ceil(side / level)
     metric = torch.randn(config.batch, hl * wl, config.channels * level, device=device, dtype=dtype)
-    for variant in VARIANTS:
+    for variant in variants:
         rows[variant].plan_bytes = plan_memory(config, variant, metric, hl, wl)
     del metric
 
-    # timing: interleaved rounds
-    for r in range(rounds):
-        for variant in VARIANTS:
+    # timing: interleaved rounds (round -1: the warm-up round, untimed)
+    for r in range(-1 if warmup_round else 0, rounds):
+        for variant in variants:
             patch = switch(unet, variant, config.layout)
             if variant == "limit":
                 assert patch is not None
                 patch.freeze_plans = True
                 forward(x, t)  # untimed: computes and keeps every block's plan, which are then reused
             inputs = [(x, t), (x2, t2)] if variant in REUSE else [(x, t)]
-            c0, w0 = time.process_time(), time.perf_counter()
-            for xx, tt in inputs:
-                step(patch)
-                out = forward(xx, tt)
-            rows[variant].cpu.append((time.process_time() - c0) / len(inputs))
-            rows[variant].wall.append((time.perf_counter() - w0) / len(inputs))
+            with Timer(device) as timer:
+                for xx, tt in inputs:
+                    step(patch)
+                    out = forward(xx, tt)
+            if r < 0:
+                continue
+            rows[variant].cpu.append(timer.cpu / len(inputs))
+            rows[variant].wall.append(timer.wall / len(inputs))
+            rows[variant].peak_bytes = timer.peak_bytes
             if r == 0:
                 outputs[variant] = out.float()
                 ref = base2 if variant in REUSE else outputs["baseline"]
                 rows[variant].error = ((outputs[variant] - ref).norm() / ref.norm()).item()
-        log(f"  {config.name}: round {r + 1}/{rounds} done")
+        log(f"  {config.name}: {'warm-up round' if r < 0 else f'round {r + 1}/{rounds}'} done")
     switch(unet, "baseline", config.layout)
     tomesd_equal = ((outputs["exact"] - outputs["tomesd"]).norm() / outputs["tomesd"].norm()).item()
     return Result(config, rows, tomesd_equal)
@@ -269,8 +377,7 @@ def table(result: Result) -> str:
         "| variant | CPU s / forward | wall s / forward | speed-up | share of limit's gain | rel. error vs baseline | plan peak MiB |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for v in VARIANTS:
-        row = result.rows[v]
+    for v, row in result.rows.items():
         gain = (result.speedup(v) - 1) / limit_gain if limit_gain > 0 and v != "baseline" else float("nan")
         lines.append(
             f"| {LABELS[v]} | {row.cpu_s:.2f} | {row.wall_s:.2f} | {result.speedup(v):.2f}× | "
@@ -451,21 +558,91 @@ def report(results: list[Result], args: argparse.Namespace, seconds: float) -> s
     return "\n".join(parts)
 
 
-def write_section(section: str, begin: str = BEGIN, end: str = END) -> None:
-    """Put ``section`` (from ``begin`` to ``end``, markers included) into RESULTS.md in place of the one
-    there, or append it; the file's other sections are kept."""
-    old = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
+def write_section(section: str, begin: str = BEGIN, end: str = END, path: Path = RESULTS) -> None:
+    """Put ``section`` (from ``begin`` to ``end``, markers included) into ``path`` (RESULTS.md) in place of the
+    one there, or append it; the file's other sections are kept."""
+    old = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
     if begin in old and end in old:
         head, rest = old.split(begin, 1)
         new = head + section + rest.split(end, 1)[1]
     else:
         new = old.rstrip() + "\n\n" + section + "\n"
-    RESULTS.write_text(new, encoding="utf-8")
+    path.write_text(new, encoding="utf-8")
+
+
+def run_meta(args: argparse.Namespace, rounds: int, seconds: float) -> dict:
+    device, dtype = device_and_dtype()
+    return {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "CPU",
+        "dtype": str(dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "threads": args.threads,
+        "rounds": rounds,
+        "seconds": round(seconds, 1),
+        "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+def real_report(results: list[Result], meta: dict) -> str:
+    """The real-width section (rendered again in full by a later version of this function)."""
+    return "\n".join([REAL_BEGIN, "## Real widths", "", *[table(r) + "\n" for r in results], REAL_END])
+
+
+def add_rounds(first: Result | None, more: Result) -> Result:
+    """``first`` with the timings of ``more`` (the same configuration, later rounds) appended; fidelity and
+    plan memory stay those of the first round."""
+    if first is None:
+        return more
+    for variant, row in first.rows.items():
+        row.cpu += more.rows[variant].cpu
+        row.wall += more.rows[variant].wall
+    return first
+
+
+def utc_deadline(hhmm: str | None) -> float | None:
+    """Seconds since the epoch of today's ``HH:MM`` UTC."""
+    if not hhmm:
+        return None
+    hours, minutes = (int(v) for v in hhmm.split(":"))
+    now = time.time()
+    return now - now % 86400 + hours * 3600 + minutes * 60
+
+
+def run_real(args: argparse.Namespace) -> None:
+    """The shipped widths on the CPU (``--real``), in passes: each pass builds every configuration's UNet,
+    warms it up and times one interleaved round of every variant, so that a run cut short by ``--deadline``
+    loses rounds of the last configurations, never a configuration. Raw measurements are saved after every
+    configuration (benchmarks/runs/real-cpu.json)."""
+    start = time.perf_counter()
+    deadline = utc_deadline(args.deadline)
+    results: dict[Config, Result] = {}
+    took: dict[Config, float] = {}
+    cut: list[str] = []
+    meta: dict = {}
+    for rnd in range(args.rounds):
+        for config in REAL_CPU:
+            if rnd and deadline is not None and time.time() + took[config] > deadline:
+                print(f"{config.name}: round {rnd + 1} would end after {args.deadline} UTC: cut", flush=True)
+                cut.append(f"{config.name} round {rnd + 1}")
+                continue
+            print(f"{config.name}: {config.width}, batch {config.batch}, round {rnd + 1}/{args.rounds}", flush=True)
+            t0 = time.time()
+            one = run_config(config, 1, lambda s: print(s, flush=True), REAL_VARIANTS)
+            took[config] = time.time() - t0
+            results[config] = add_rounds(results.get(config), one)
+            print(table(results[config]) + "\n", flush=True)
+            meta = run_meta(args, args.rounds, time.perf_counter() - start) | {"cut": cut}
+            save_run("real-cpu", list(results.values()), meta)
+    if not args.no_write:
+        write_section(real_report(list(results.values()), meta), REAL_BEGIN, REAL_END)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="512/1024 px subset (< 5 min)")
+    parser.add_argument("--real", action="store_true", help="the shipped widths (SD1.5 and SDXL)")
+    parser.add_argument("--deadline", help="--real: skip a later round that would end after this HH:MM (UTC)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1: stable on a shared machine, see RESULTS.md)"
@@ -473,6 +650,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.real:
+        return run_real(args)
     start = time.perf_counter()
     results = []
     for config in QUICK if args.quick else FULL:
