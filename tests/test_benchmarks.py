@@ -5,6 +5,7 @@ schedule, progress reported every step, nothing read back from the device)."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import subprocess
@@ -85,7 +86,7 @@ def test_euler_schedule_is_sds_discrete_sigmas():
     sig = sampling.sigmas(20)
     assert len(sig) == 21 and sig[-1] == 0.0
     assert sig[0] == pytest.approx(14.6146, abs=1e-4) and sig[-2] == pytest.approx(0.0292, abs=1e-4)
-    assert all(a > b for a, b in zip(sig, sig[1:]))
+    assert all(a > b for a, b in itertools.pairwise(sig))
     assert sampling.timesteps(20)[0] == 999 and sampling.timesteps(20)[-1] == 0
 
 
