@@ -17,6 +17,13 @@ Variants (ratio 0.5, top-left destinations so that outputs are comparable with t
 
 Writes its section of benchmarks/RESULTS.md (between markers; other sections are kept) and
 benchmarks/speedup.png.
+
+    python -m benchmarks.suite --real --rounds 2 --deadline 06:15   # the shipped widths (~1 h of CPU)
+
+``--real`` (the default on CUDA) runs the shipped SD1.5 and SDXL architectures at 1024 px (and SD1.5 at
+512 px) with baseline, tomesd, ours exact, share_plan + plan_interval 2, ToDo and the limit, and writes
+its own section (rendered from benchmarks/runs/real-<device>.json; ``--render`` renders it again).
+The GPU command with the sampling table is ``python -m benchmarks.gpu``.
 """
 
 from __future__ import annotations
@@ -49,7 +56,6 @@ RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 PLOT = ROOT / "benchmarks" / "speedup.png"
 RUNS = ROOT / "benchmarks" / "runs"  # each section's raw measurements (JSON), from which it is rendered
 BEGIN, END = "<!-- suite:begin -->", "<!-- suite:end -->"
-REAL_BEGIN, REAL_END = "<!-- real:begin -->", "<!-- real:end -->"
 RATIO = 0.5
 INTERVAL = 2
 REUSE = ("interval", "share+interval")  # timed over two steps: one computes the plan, one reuses it
@@ -113,7 +119,12 @@ FULL = (
 )
 BIG_PX = 1024  # above this, one round fewer (the largest sizes dominate the run time)
 QUICK = (Config("sd15", 512, 64, 2), Config("sd15", 1024, 32, 1), Config("sdxl", 1024, 32, 1))
-REAL_CPU = (Config("sd15", 1024, 320, 2, True), Config("sdxl", 1024, 320, 1, True), Config("sd15", 512, 320, 2, True))
+# --real: SD1.5 1024 px first, so that a run cut short by --deadline keeps its rounds (the targets read it)
+REAL_CONFIGS = (
+    Config("sd15", 1024, 320, 2, True),
+    Config("sdxl", 1024, 320, 1, True),
+    Config("sd15", 512, 320, 2, True),
+)
 
 
 @dataclass
@@ -372,7 +383,7 @@ def table(result: Result) -> str:
     c = result.config
     limit_gain = result.speedup("limit") - 1
     lines = [
-        f"### {c.name} (model_channels {c.channels}, batch {c.batch})",
+        f"### {c.name} ({c.width}, batch {c.batch})",
         "",
         "| variant | CPU s / forward | wall s / forward | speed-up | share of limit's gain | rel. error vs baseline | plan peak MiB |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -584,9 +595,105 @@ def run_meta(args: argparse.Namespace, rounds: int, seconds: float) -> dict:
     }
 
 
+def real_markers(device: str) -> tuple[str, str]:
+    """The RESULTS.md markers of the real-width section of a device type ("cpu", "cuda")."""
+    return f"<!-- real-{device}:begin -->", f"<!-- real-{device}:end -->"
+
+
+def real_targets(results: list[Result]) -> str:
+    """Issue 10's targets, judged from a real-width run."""
+
+    def verdict(ok: bool) -> str:
+        return "**met**" if ok else "**NOT met**"
+
+    by_name = {r.config.name: r for r in results}
+    lines = []
+    sd = by_name.get("SD1.5 1024 px")
+    if sd is not None:
+        ours, theirs = sd.rows["exact"].cpu_s, sd.rows["tomesd"].cpu_s
+        lines.append(
+            f"- SD1.5 1024 px, ours exact ≤ tomesd time: {ours:.2f} s vs {theirs:.2f} s per forward "
+            f"(ours / tomesd {ours / theirs:.3f}): {verdict(ours <= theirs)}."
+        )
+        share = sd.speedup("share+interval") / sd.speedup("limit")
+        lines.append(
+            f"- SD1.5 1024 px, ours' fastest merge mode (share_plan + plan_interval {INTERVAL}) ≥ 95% of the plan-free "
+            f"limit's speed-up: {sd.speedup('share+interval'):.2f}× vs {sd.speedup('limit'):.2f}× ({share:.0%}): "
+            f"{verdict(share >= 0.95)}. ToDo, which has no plan at all: {sd.speedup('downsample'):.2f}×."
+        )
+    xl = by_name.get("SDXL 1024 px")
+    if xl is not None:
+        lines.append(
+            f"- SDXL 1024 px with the defaults (exact merge, max_downsample auto = 2) > 1.05×: "
+            f"{xl.speedup('exact'):.2f}×: {verdict(xl.speedup('exact') > 1.05)}. tomesd at its default level "
+            "(max_downsample 1) merges nothing on SDXL, which has no transformer blocks there: it runs as the "
+            f"baseline. Given level 2 by hand, tomesd gives {xl.speedup('tomesd'):.2f}×."
+        )
+    diff = max(r.tomesd_equal for r in results)
+    lines.append(
+        f"- Exact mode gives tomesd's outputs: largest relative difference {diff:.1e}: {verdict(diff < 1e-5)}."
+    )
+    return "\n".join(lines)
+
+
+REAL_COLUMNS = ("tomesd", "exact", "share+interval", "downsample", "limit")
+
+
+def real_expect_table(results: list[Result]) -> str:
+    lines = [
+        "| real width: model, size | " + " | ".join(LABELS[v] for v in REAL_COLUMNS) + " |",
+        "|---|" + "---:|" * len(REAL_COLUMNS),
+    ]
+    for res in sorted(results, key=lambda r: (r.config.layout, r.config.px)):
+        cells = " | ".join(f"{res.speedup(v):.2f}×" for v in REAL_COLUMNS)
+        lines.append(f"| {res.config.name}, batch {res.config.batch} | {cells} |")
+    return "\n".join(lines)
+
+
 def real_report(results: list[Result], meta: dict) -> str:
-    """The real-width section (rendered again in full by a later version of this function)."""
-    return "\n".join([REAL_BEGIN, "## Real widths", "", *[table(r) + "\n" for r in results], REAL_END])
+    """The real-width section of RESULTS.md, rendered from a run's raw measurements."""
+    cpu = meta["device"] == "CPU"
+    begin, end = real_markers("cpu" if cpu else "cuda")
+    rounds = sorted({len(r.rows["baseline"].cpu) for r in results})
+    cut = meta.get("cut") or []
+    where = (
+        f"CPU, float32, {meta['threads']} torch thread(s)"
+        if cpu
+        else f"{meta['device']}, {meta['dtype']}, CUDA {meta['cuda']}"
+    )
+    sd, xl = (REAL[layout] for layout in ("sd15", "sdxl"))
+    return "\n".join(
+        [
+            begin,
+            f"## Real widths{' on the CPU' if cpu else ''} (`python -m benchmarks.suite --real`)",
+            "",
+            f"{where}; torch {meta['torch']}; attention through `scaled_dot_product_attention`, as the WebUI's "
+            f"default *sdp* optimisation runs it. The shipped architectures with random weights (`tests/models.py`, "
+            f"`make_real_unet`): SD1.5 — model_channels {sd['model_channels']}, {sd['num_heads']} heads, context "
+            f"{sd['context_dim']}, one transformer block at downsample 1/2/4 (859.5 M parameters); SDXL — "
+            f"320/640/1280 channels, transformer depth 0/{xl['depths'][0]}/{xl['depths'][1]}, 64-dim heads, context "
+            f"{xl['context_dim']}, adm {xl['adm_in_channels']} (2,567.5 M parameters; ldm configured like SDXL). "
+            "Natural-image latents, t = 601; ratio 0.5, strides 2×2, top-left destinations, max_downsample auto "
+            "(tomesd given the same level).",
+            "",
+            f"Rounds: {' or '.join(map(str, rounds))} interleaved round(s) per configuration"
+            + (f" ({', '.join(cut)} cut by the run's deadline)" if cut else "")
+            + ", medians. Each round builds the model, warms it up with one untimed baseline forward (which is "
+            "also the plan-reuse variants' reference), then times every variant once. Speed-up from process CPU "
+            f"time (one thread). Run finished {meta['finished']} and took {meta['seconds'] / 60:.0f} min.",
+            "",
+            "### Targets (issue 10), judged from this run",
+            "",
+            real_targets(results),
+            "",
+            "### Speed-up at real width (from this run)",
+            "",
+            real_expect_table(results),
+            "",
+            *[table(r) + "\n" for r in results],
+            end,
+        ]
+    )
 
 
 def add_rounds(first: Result | None, more: Result) -> Result:
@@ -610,7 +717,7 @@ def utc_deadline(hhmm: str | None) -> float | None:
 
 
 def run_real(args: argparse.Namespace) -> None:
-    """The shipped widths on the CPU (``--real``), in passes: each pass builds every configuration's UNet,
+    """The shipped widths (``--real``; the default on CUDA), in passes: each pass builds every configuration's UNet,
     warms it up and times one interleaved round of every variant, so that a run cut short by ``--deadline``
     loses rounds of the last configurations, never a configuration. Raw measurements are saved after every
     configuration (benchmarks/runs/real-cpu.json)."""
@@ -621,27 +728,34 @@ def run_real(args: argparse.Namespace) -> None:
     cut: list[str] = []
     meta: dict = {}
     for rnd in range(args.rounds):
-        for config in REAL_CPU:
+        for config in REAL_CONFIGS:
             if rnd and deadline is not None and time.time() + took[config] > deadline:
                 print(f"{config.name}: round {rnd + 1} would end after {args.deadline} UTC: cut", flush=True)
                 cut.append(f"{config.name} round {rnd + 1}")
                 continue
             print(f"{config.name}: {config.width}, batch {config.batch}, round {rnd + 1}/{args.rounds}", flush=True)
             t0 = time.time()
-            one = run_config(config, 1, lambda s: print(s, flush=True), REAL_VARIANTS)
+            gpu = torch.cuda.is_available()
+            one = run_config(config, 1, lambda s: print(s, flush=True), REAL_VARIANTS, warmup_round=gpu)
             took[config] = time.time() - t0
             results[config] = add_rounds(results.get(config), one)
             print(table(results[config]) + "\n", flush=True)
             meta = run_meta(args, args.rounds, time.perf_counter() - start) | {"cut": cut}
-            save_run("real-cpu", list(results.values()), meta)
+            save_run(f"real-{device_and_dtype()[0].type}", list(results.values()), meta)
     if not args.no_write:
-        write_section(real_report(list(results.values()), meta), REAL_BEGIN, REAL_END)
+        write_real(list(results.values()), meta)
+
+
+def write_real(results: list[Result], meta: dict) -> None:
+    write_section(real_report(results, meta), *real_markers("cpu" if meta["device"] == "CPU" else "cuda"))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="512/1024 px subset (< 5 min)")
-    parser.add_argument("--real", action="store_true", help="the shipped widths (SD1.5 and SDXL)")
+    parser.add_argument("--real", action="store_true", help="the shipped widths (SD1.5 and SDXL); default on CUDA")
+    parser.add_argument("--reduced", action="store_true", help="reduced widths on CUDA too")
+    parser.add_argument("--render", action="store_true", help="--real: re-render its section from the last run's JSON")
     parser.add_argument("--deadline", help="--real: skip a later round that would end after this HH:MM (UTC)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
@@ -650,7 +764,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.real:
+    if args.render:
+        return write_real(*load_run(f"real-{device_and_dtype()[0].type}"))
+    if args.real or (torch.cuda.is_available() and not args.reduced):
         return run_real(args)
     start = time.perf_counter()
     results = []
