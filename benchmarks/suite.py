@@ -7,7 +7,8 @@ Real ldm UNets (SD1.5 layout, and ldm configured like SDXL: attention at downsam
 random weights with the zero-initialised output layers re-initialised (tests/models.py), natural-image
 latents. Variants are interleaved round by round in one process (A, B, C, … then again), and the table
 holds medians over rounds. Timing: process CPU time (stable on a shared machine) and wall time; the
-speed-up is from CPU time. On CUDA the suite runs in float16 and times with synchronisation instead.
+speed-up is from CPU time. On CUDA the suite runs in float16 and times with CUDA events (the host
+synchronises only around each timed region), after a warm-up round of every variant.
 
 Variants (ratio 0.5, top-left destinations so that outputs are comparable with tomesd's):
   baseline, tomesd 0.1.3 (max_downsample = ours resolved), ours exact (the default), share_plan,
@@ -742,7 +743,7 @@ def run_real(args: argparse.Namespace) -> None:
             print(table(results[config]) + "\n", flush=True)
             meta = run_meta(args, args.rounds, time.perf_counter() - start) | {"cut": cut}
             save_run(f"real-{device_and_dtype()[0].type}", list(results.values()), meta)
-    if not args.no_write:
+    if not args.no_write and not args.quick:
         write_real(list(results.values()), meta)
 
 
