@@ -222,7 +222,7 @@ def section(results: list[SamplingResult], meta: dict, begin: str = BEGIN, end: 
             f"{where}; {meta['note']} Euler, classifier-free guidance (cond + uncond batched), "
             f"it/s = steps / {clock} of the sampling loop, median of {meta['rounds']} interleaved rounds after a "
             f"warm-up run of every variant; progress reported to our patch every step, as the WebUI script does. "
-            f"Run finished {meta['finished']} and took {meta['seconds'] / 60:.1f} min.",
+            f"Run finished {meta['finished']} and took {meta['seconds'] / 60:.1f} min of wall time.",
             "",
             "Built-in = A1111's own *Token merging ratio* 0.5 (tomesd, `use_rand=False`, merge_attn only, "
             "max_downsample 1). Ours at defaults: ratio 0.5, max_downsample auto, random partition from the seed.",
