@@ -107,3 +107,21 @@ def test_sampling_loop_reports_progress_every_step_and_reads_nothing_back():
     assert tome_core.get_patch(unet) is None
     plain = sampling.sample(unet, noise, ctx, schedule, None, {})
     assert out.shape == plain.shape and 0 < ((out - plain).norm() / plain.norm()).item() < 0.2
+
+
+def test_real_widths_are_the_shipped_architectures():
+    """Parameter counts of the shipped UNets (SD1.5: 859,520,964; SDXL base: 2,567,463,684), built on meta tensors."""
+    from ldm.modules.attention import SpatialTransformer
+    from models import make_real_unet
+
+    with torch.device("meta"):
+        sd15, sdxl = make_real_unet("sd15"), make_real_unet("sdxl")
+    assert sum(p.numel() for p in sd15.parameters()) == 859_520_964
+    assert sum(p.numel() for p in sdxl.parameters()) == 2_567_463_684
+    depths = sorted(
+        {(m.in_channels, len(m.transformer_blocks)) for m in sdxl.modules() if isinstance(m, SpatialTransformer)}
+    )
+    assert depths == [(640, 2), (1280, 10)]
+    block = sdxl.output_blocks[0][1].transformer_blocks[0]
+    assert block.attn1.heads == 20 and block.attn2.to_k.in_features == 2048  # 64-dim heads, context 2048
+    assert sdxl.label_emb[0].in_features == 2816
