@@ -640,6 +640,24 @@ def real_targets(results: list[Result]) -> str:
 REAL_COLUMNS = ("tomesd", "exact", "share+interval", "downsample", "limit")
 
 
+def spread_note(results: list[Result]) -> str:
+    """How far a variant's CPU time moved between rounds: the noise floor of this run's comparisons."""
+    spreads = [
+        ((max(row.cpu) - min(row.cpu)) / row.cpu_s, f"{r.config.name} {LABELS[v]}")
+        for r in results
+        for v, row in r.rows.items()
+        if len(row.cpu) > 1
+    ]
+    if not spreads:
+        return "One round only: there is no round-to-round spread to show how noisy these times are."
+    worst, where = max(spreads)
+    typical = statistics.median(s for s, _ in spreads)
+    return (
+        f"Round-to-round spread of a variant's CPU time (max − min over median): median {typical:.1%}, at most "
+        f"{worst:.1%} ({where}). Differences smaller than that are within this machine's noise."
+    )
+
+
 def real_expect_table(results: list[Result]) -> str:
     lines = [
         "| real width: model, size | " + " | ".join(LABELS[v] for v in REAL_COLUMNS) + " |",
@@ -681,7 +699,10 @@ def real_report(results: list[Result], meta: dict) -> str:
             + (f" ({', '.join(cut)} cut by the run's deadline)" if cut else "")
             + ", medians. Each round builds the model, warms it up with one untimed baseline forward (which is "
             "also the plan-reuse variants' reference), then times every variant once. Speed-up from process CPU "
-            f"time (one thread). Run finished {meta['finished']} and took {meta['seconds'] / 60:.0f} min.",
+            f"time (one thread). Run finished {meta['finished']} and took {meta['seconds'] / 60:.0f} min of wall time "
+            "on the shared 2-core machine.",
+            "",
+            spread_note(results),
             "",
             "### Targets (issue 10), judged from this run",
             "",
