@@ -7,7 +7,8 @@ Real ldm UNets (SD1.5 layout, and ldm configured like SDXL: attention at downsam
 random weights with the zero-initialised output layers re-initialised (tests/models.py), natural-image
 latents. Variants are interleaved round by round in one process (A, B, C, … then again), and the table
 holds medians over rounds. Timing: process CPU time (stable on a shared machine) and wall time; the
-speed-up is from CPU time. On CUDA the suite runs in float16 and times with synchronisation instead.
+speed-up is from CPU time. On CUDA the suite runs in float16 and times with CUDA events (the host
+synchronises only around each timed region), after a warm-up round of every variant.
 
 Variants (ratio 0.5, top-left destinations so that outputs are comparable with tomesd's):
   baseline, tomesd 0.1.3 (max_downsample = ours resolved), ours exact (the default), share_plan,
@@ -17,11 +18,19 @@ Variants (ratio 0.5, top-left destinations so that outputs are comparable with t
 
 Writes its section of benchmarks/RESULTS.md (between markers; other sections are kept) and
 benchmarks/speedup.png.
+
+    python -m benchmarks.suite --real --rounds 2 --deadline 06:15   # the shipped widths (~1 h of CPU)
+
+``--real`` (the default on CUDA) runs the shipped SD1.5 and SDXL architectures at 1024 px (and SD1.5 at
+512 px) with baseline, tomesd, ours exact, share_plan + plan_interval 2, ToDo and the limit, and writes
+its own section (rendered from benchmarks/runs/real-<device>.json; ``--render`` renders it again).
+The GPU command with the sampling table is ``python -m benchmarks.gpu``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -29,6 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -37,7 +47,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import tomesd  # noqa: E402
 import tomesd.merge  # noqa: E402
-from models import Holder, make_unet, photo_latents  # noqa: E402
+from models import REAL, Holder, make_real_unet, make_unet, photo_latents  # noqa: E402
 
 import tome_core  # noqa: E402
 from tome_core import merge as tm  # noqa: E402
@@ -45,6 +55,7 @@ from tome_core.alloc import AllocationTracker  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 PLOT = ROOT / "benchmarks" / "speedup.png"
+RUNS = ROOT / "benchmarks" / "runs"  # each section's raw measurements (JSON), from which it is rendered
 BEGIN, END = "<!-- suite:begin -->", "<!-- suite:end -->"
 RATIO = 0.5
 INTERVAL = 2
@@ -62,16 +73,40 @@ LABELS = {
 }
 
 
+REAL_VARIANTS = ("baseline", "tomesd", "exact", "share+interval", "downsample", "limit")
+
+
 @dataclass(frozen=True)
 class Config:
     layout: str
     px: int
     channels: int
     batch: int
+    real: bool = False  # the shipped architecture (tests/models.REAL); ``channels`` is then 320
 
     @property
     def name(self) -> str:
         return f"{'SD1.5' if self.layout == 'sd15' else 'SDXL'} {self.px} px"
+
+    @property
+    def width(self) -> str:
+        return "real width" if self.real else f"model_channels {self.channels}"
+
+    @property
+    def context_dim(self) -> int:
+        return REAL[self.layout]["context_dim"] if self.real else 64
+
+    def build(self) -> torch.nn.Module:
+        if self.real:
+            return make_real_unet(self.layout)
+        return make_unet(self.layout, model_channels=self.channels)
+
+    def conditioning(self) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Text context (batch, 77, context_dim) and extra UNet keyword arguments (SDXL's ``y``)."""
+        gen = torch.Generator().manual_seed(0)
+        ctx = torch.randn(self.batch, 77, self.context_dim, generator=gen)
+        adm = REAL[self.layout].get("adm_in_channels") if self.real else None
+        return ctx, ({"y": torch.randn(self.batch, adm, generator=gen)} if adm else {})
 
 
 FULL = (
@@ -85,6 +120,12 @@ FULL = (
 )
 BIG_PX = 1024  # above this, one round fewer (the largest sizes dominate the run time)
 QUICK = (Config("sd15", 512, 64, 2), Config("sd15", 1024, 32, 1), Config("sdxl", 1024, 32, 1))
+# --real: SD1.5 1024 px first, so that a run cut short by --deadline keeps its rounds (the targets read it)
+REAL_CONFIGS = (
+    Config("sd15", 1024, 320, 2, True),
+    Config("sdxl", 1024, 320, 1, True),
+    Config("sd15", 512, 320, 2, True),
+)
 
 
 @dataclass
@@ -94,6 +135,7 @@ class Row:
     wall: list[float] = field(default_factory=list)
     error: float = 0.0
     plan_bytes: int | None = None
+    peak_bytes: int | None = None  # CUDA: peak memory allocated during the variant's timed forwards
 
     @property
     def cpu_s(self) -> float:
@@ -112,6 +154,41 @@ class Result:
 
     def speedup(self, variant: str) -> float:
         return self.rows["baseline"].cpu_s / self.rows[variant].cpu_s
+
+    def to_json(self) -> dict:
+        return {
+            "config": vars(self.config),
+            "rows": {v: vars(r) for v, r in self.rows.items()},
+            "tomesd_equal": self.tomesd_equal,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> Result:
+        rows = {v: Row(**r) for v, r in data["rows"].items()}
+        return cls(Config(**data["config"]), rows, data["tomesd_equal"])
+
+
+def save_run_data(name: str, results: list[dict] | dict, meta: dict, runs: Path | None = None) -> Path:
+    """Keep a run's raw measurements (benchmarks/runs/<name>.json): its RESULTS.md section is rendered from them."""
+    runs = runs or RUNS
+    runs.mkdir(parents=True, exist_ok=True)
+    path = runs / f"{name}.json"
+    path.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def load_run_data(name: str, runs: Path | None = None) -> tuple[Any, dict]:
+    data = json.loads(((runs or RUNS) / f"{name}.json").read_text(encoding="utf-8"))
+    return data["results"], data["meta"]
+
+
+def save_run(name: str, results: list[Result], meta: dict) -> Path:
+    return save_run_data(name, [r.to_json() for r in results], meta)
+
+
+def load_run(name: str) -> tuple[list[Result], dict]:
+    data, meta = load_run_data(name)
+    return [Result.from_json(r) for r in data], meta
 
 
 # --- device ---------------------------------------------------------------------------------------
@@ -138,6 +215,35 @@ def prepare(unet: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+class Timer:
+    """Times the ``with`` block: on CUDA with events, synchronising only at its start and end (and recording
+    the peak memory allocated inside it); on a CPU with process CPU time and wall time."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cpu = self.wall = 0.0
+        self.peak_bytes: int | None = None
+
+    def __enter__(self) -> Timer:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self._events[0].record()
+        self._c0, self._w0 = time.process_time(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            start, end = self._events
+            end.record()
+            end.synchronize()
+            self.cpu = self.wall = start.elapsed_time(end) / 1000  # GPU time of the block
+            self.peak_bytes = torch.cuda.max_memory_allocated()
+        else:
+            self.cpu, self.wall = time.process_time() - self._c0, time.perf_counter() - self._w0
 
 
 # --- variants -------------------------------------------------------------------------------------
@@ -196,26 +302,37 @@ def plan_memory(config: Config, variant: str, metric: torch.Tensor, h: int, w: i
     return tracker.peak_bytes
 
 
-def run_config(config: Config, rounds: int, log: Callable[[str], None]) -> Result:
+def run_config(
+    config: Config,
+    rounds: int,
+    log: Callable[[str], None],
+    variants: tuple[str, ...] = VARIANTS,
+    warmup_round: bool = False,
+    unet: torch.nn.Module | None = None,
+) -> Result:
+    """Time ``variants`` on ``config``, interleaved round by round, after an untimed baseline forward (and,
+    with ``warmup_round``, an untimed round of every variant: kernel selection and the allocator on a GPU).
+    ``unet``: the configuration's model, already built and prepared (else it is built here)."""
     device, dtype = device_and_dtype()
-    unet = prepare(make_unet(config.layout, model_channels=config.channels), device, dtype)
+    unet = unet if unet is not None else prepare(config.build(), device, dtype)
     side = config.px // 8
     x = photo_latents(config.batch, side, side).to(device, dtype)
     noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(device, dtype)
     t = torch.full((config.batch,), 601.0, device=device)
-    ctx = torch.randn(config.batch, 77, 64, generator=torch.Generator().manual_seed(0)).to(device, dtype)
-    rows = {v: Row(v) for v in VARIANTS}
+    ctx, extra = config.conditioning()
+    ctx = ctx.to(device, dtype)
+    extra = {k: v.to(device, dtype) for k, v in extra.items()}
+    rows = {v: Row(v) for v in variants}
     step = Stepper()
 
     def forward(xx: torch.Tensor, tt: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            out = unet(xx, tt, ctx)
-        sync(device)
-        return out
+            return unet(xx, tt, ctx, **extra)
 
     # fidelity comes from the first timed round's outputs (every variant on the same input); the plan
     # reuse variants are timed over two steps, the second at a latent moved by a little noise and a
-    # timestep 20 lower, reusing the first step's plan: their error is that second step's
+    # timestep 20 lower, reusing the first step's plan: their error is that second step's. This
+    # untimed forward is also the configuration's warm-up.
     x2, t2 = x + 0.05 * noise, t - 20
     base2 = forward(x2, t2).float()
     outputs: dict[str, torch.Tensor] = {}
@@ -224,30 +341,33 @@ def run_config(config: Config, rounds: int, log: Callable[[str], None]) -> Resul
     level = level_downsample(config.layout)
     hl, wl = math.ceil(side / level), math.ceil(side / level)
     metric = torch.randn(config.batch, hl * wl, config.channels * level, device=device, dtype=dtype)
-    for variant in VARIANTS:
+    for variant in variants:
         rows[variant].plan_bytes = plan_memory(config, variant, metric, hl, wl)
     del metric
 
-    # timing: interleaved rounds
-    for r in range(rounds):
-        for variant in VARIANTS:
+    # timing: interleaved rounds (round -1: the warm-up round, untimed)
+    for r in range(-1 if warmup_round else 0, rounds):
+        for variant in variants:
             patch = switch(unet, variant, config.layout)
             if variant == "limit":
                 assert patch is not None
                 patch.freeze_plans = True
                 forward(x, t)  # untimed: computes and keeps every block's plan, which are then reused
             inputs = [(x, t), (x2, t2)] if variant in REUSE else [(x, t)]
-            c0, w0 = time.process_time(), time.perf_counter()
-            for xx, tt in inputs:
-                step(patch)
-                out = forward(xx, tt)
-            rows[variant].cpu.append((time.process_time() - c0) / len(inputs))
-            rows[variant].wall.append((time.perf_counter() - w0) / len(inputs))
+            with Timer(device) as timer:
+                for xx, tt in inputs:
+                    step(patch)
+                    out = forward(xx, tt)
+            if r < 0:
+                continue
+            rows[variant].cpu.append(timer.cpu / len(inputs))
+            rows[variant].wall.append(timer.wall / len(inputs))
+            rows[variant].peak_bytes = timer.peak_bytes
             if r == 0:
                 outputs[variant] = out.float()
                 ref = base2 if variant in REUSE else outputs["baseline"]
                 rows[variant].error = ((outputs[variant] - ref).norm() / ref.norm()).item()
-        log(f"  {config.name}: round {r + 1}/{rounds} done")
+        log(f"  {config.name}: {'warm-up round' if r < 0 else f'round {r + 1}/{rounds}'} done")
     switch(unet, "baseline", config.layout)
     tomesd_equal = ((outputs["exact"] - outputs["tomesd"]).norm() / outputs["tomesd"].norm()).item()
     return Result(config, rows, tomesd_equal)
@@ -264,13 +384,12 @@ def table(result: Result) -> str:
     c = result.config
     limit_gain = result.speedup("limit") - 1
     lines = [
-        f"### {c.name} (model_channels {c.channels}, batch {c.batch})",
+        f"### {c.name} ({c.width}, batch {c.batch})",
         "",
         "| variant | CPU s / forward | wall s / forward | speed-up | share of limit's gain | rel. error vs baseline | plan peak MiB |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for v in VARIANTS:
-        row = result.rows[v]
+    for v, row in result.rows.items():
         gain = (result.speedup(v) - 1) / limit_gain if limit_gain > 0 and v != "baseline" else float("nan")
         lines.append(
             f"| {LABELS[v]} | {row.cpu_s:.2f} | {row.wall_s:.2f} | {result.speedup(v):.2f}× | "
@@ -451,21 +570,215 @@ def report(results: list[Result], args: argparse.Namespace, seconds: float) -> s
     return "\n".join(parts)
 
 
-def write_section(section: str, begin: str = BEGIN, end: str = END) -> None:
-    """Put ``section`` (from ``begin`` to ``end``, markers included) into RESULTS.md in place of the one
-    there, or append it; the file's other sections are kept."""
-    old = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
+def write_section(section: str, begin: str = BEGIN, end: str = END, path: Path = RESULTS) -> None:
+    """Put ``section`` (from ``begin`` to ``end``, markers included) into ``path`` (RESULTS.md) in place of the
+    one there, or append it; the file's other sections are kept."""
+    old = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
     if begin in old and end in old:
         head, rest = old.split(begin, 1)
         new = head + section + rest.split(end, 1)[1]
     else:
         new = old.rstrip() + "\n\n" + section + "\n"
-    RESULTS.write_text(new, encoding="utf-8")
+    path.write_text(new, encoding="utf-8")
+
+
+def run_meta(args: argparse.Namespace, rounds: int, seconds: float) -> dict:
+    device, dtype = device_and_dtype()
+    return {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "CPU",
+        "dtype": str(dtype).removeprefix("torch."),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "threads": args.threads,
+        "rounds": rounds,
+        "seconds": round(seconds, 1),
+        "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+def real_markers(device: str) -> tuple[str, str]:
+    """The RESULTS.md markers of the real-width section of a device type ("cpu", "cuda")."""
+    return f"<!-- real-{device}:begin -->", f"<!-- real-{device}:end -->"
+
+
+def real_targets(results: list[Result]) -> str:
+    """Issue 10's targets, judged from a real-width run."""
+
+    def verdict(ok: bool) -> str:
+        return "**met**" if ok else "**NOT met**"
+
+    by_name = {r.config.name: r for r in results}
+    lines = []
+    sd = by_name.get("SD1.5 1024 px")
+    if sd is not None:
+        ours, theirs = sd.rows["exact"].cpu_s, sd.rows["tomesd"].cpu_s
+        lines.append(
+            f"- SD1.5 1024 px, ours exact ≤ tomesd time: {ours:.2f} s vs {theirs:.2f} s per forward "
+            f"(ours / tomesd {ours / theirs:.3f}): {verdict(ours <= theirs)}."
+        )
+        share = sd.speedup("share+interval") / sd.speedup("limit")
+        lines.append(
+            f"- SD1.5 1024 px, ours' fastest merge mode (share_plan + plan_interval {INTERVAL}) ≥ 95% of the plan-free "
+            f"limit's speed-up: {sd.speedup('share+interval'):.2f}× vs {sd.speedup('limit'):.2f}× ({share:.0%}): "
+            f"{verdict(share >= 0.95)}. ToDo, which has no plan at all: {sd.speedup('downsample'):.2f}×."
+        )
+    xl = by_name.get("SDXL 1024 px")
+    if xl is not None:
+        lines.append(
+            f"- SDXL 1024 px with the defaults (exact merge, max_downsample auto = 2) > 1.05×: "
+            f"{xl.speedup('exact'):.2f}×: {verdict(xl.speedup('exact') > 1.05)}. tomesd at its default level "
+            "(max_downsample 1) merges nothing on SDXL, which has no transformer blocks there: it runs as the "
+            f"baseline. Given level 2 by hand, tomesd gives {xl.speedup('tomesd'):.2f}×."
+        )
+    diff = max(r.tomesd_equal for r in results)
+    lines.append(
+        f"- Exact mode gives tomesd's outputs: largest relative difference {diff:.1e}: {verdict(diff < 1e-5)}."
+    )
+    return "\n".join(lines)
+
+
+REAL_COLUMNS = ("tomesd", "exact", "share+interval", "downsample", "limit")
+
+
+def spread_note(results: list[Result]) -> str:
+    """How far a variant's CPU time moved between rounds: the noise floor of this run's comparisons."""
+    spreads = [
+        ((max(row.cpu) - min(row.cpu)) / row.cpu_s, f"{r.config.name} {LABELS[v]}")
+        for r in results
+        for v, row in r.rows.items()
+        if len(row.cpu) > 1
+    ]
+    if not spreads:
+        return "One round only: there is no round-to-round spread to show how noisy these times are."
+    worst, where = max(spreads)
+    typical = statistics.median(s for s, _ in spreads)
+    return (
+        f"Round-to-round spread of a variant's CPU time (max − min over median): median {typical:.1%}, at most "
+        f"{worst:.1%} ({where}). Differences smaller than that are within this machine's noise."
+    )
+
+
+def real_expect_table(results: list[Result]) -> str:
+    lines = [
+        "| real width: model, size | " + " | ".join(LABELS[v] for v in REAL_COLUMNS) + " |",
+        "|---|" + "---:|" * len(REAL_COLUMNS),
+    ]
+    for res in sorted(results, key=lambda r: (r.config.layout, r.config.px)):
+        cells = " | ".join(f"{res.speedup(v):.2f}×" for v in REAL_COLUMNS)
+        lines.append(f"| {res.config.name}, batch {res.config.batch} | {cells} |")
+    return "\n".join(lines)
+
+
+def real_report(results: list[Result], meta: dict) -> str:
+    """The real-width section of RESULTS.md, rendered from a run's raw measurements."""
+    cpu = meta["device"] == "CPU"
+    begin, end = real_markers("cpu" if cpu else "cuda")
+    rounds = sorted({len(r.rows["baseline"].cpu) for r in results})
+    cut = meta.get("cut") or []
+    where = (
+        f"CPU, float32, {meta['threads']} torch thread(s)"
+        if cpu
+        else f"{meta['device']}, {meta['dtype']}, CUDA {meta['cuda']}"
+    )
+    sd, xl = (REAL[layout] for layout in ("sd15", "sdxl"))
+    return "\n".join(
+        [
+            begin,
+            f"## Real widths{' on the CPU' if cpu else ''} (`python -m benchmarks.suite --real`)",
+            "",
+            f"{where}; torch {meta['torch']}; attention through `scaled_dot_product_attention`, as the WebUI's "
+            f"default *sdp* optimisation runs it. The shipped architectures with random weights (`tests/models.py`, "
+            f"`make_real_unet`): SD1.5 — model_channels {sd['model_channels']}, {sd['num_heads']} heads, context "
+            f"{sd['context_dim']}, one transformer block at downsample 1/2/4 (859.5 M parameters); SDXL — "
+            f"320/640/1280 channels, transformer depth 0/{xl['depths'][0]}/{xl['depths'][1]}, 64-dim heads, context "
+            f"{xl['context_dim']}, adm {xl['adm_in_channels']} (2,567.5 M parameters; ldm configured like SDXL). "
+            "Natural-image latents, t = 601; ratio 0.5, strides 2×2, top-left destinations, max_downsample auto "
+            "(tomesd given the same level).",
+            "",
+            f"Rounds: {' or '.join(map(str, rounds))} interleaved round(s) per configuration"
+            + (f" ({', '.join(cut)} cut by the run's deadline)" if cut else "")
+            + ", medians. Each round builds the model, warms it up with one untimed baseline forward (which is "
+            "also the plan-reuse variants' reference), then times every variant once. Speed-up from process CPU "
+            f"time (one thread). Run finished {meta['finished']} and took {meta['seconds'] / 60:.0f} min of wall time "
+            "on the shared 2-core machine.",
+            "",
+            spread_note(results),
+            "",
+            "### Targets (issue 10), judged from this run",
+            "",
+            real_targets(results),
+            "",
+            "### Speed-up at real width (from this run)",
+            "",
+            real_expect_table(results),
+            "",
+            *[table(r) + "\n" for r in results],
+            end,
+        ]
+    )
+
+
+def add_rounds(first: Result | None, more: Result) -> Result:
+    """``first`` with the timings of ``more`` (the same configuration, later rounds) appended; fidelity and
+    plan memory stay those of the first round."""
+    if first is None:
+        return more
+    for variant, row in first.rows.items():
+        row.cpu += more.rows[variant].cpu
+        row.wall += more.rows[variant].wall
+    return first
+
+
+def utc_deadline(hhmm: str | None) -> float | None:
+    """Seconds since the epoch of today's ``HH:MM`` UTC."""
+    if not hhmm:
+        return None
+    hours, minutes = (int(v) for v in hhmm.split(":"))
+    now = time.time()
+    return now - now % 86400 + hours * 3600 + minutes * 60
+
+
+def run_real(args: argparse.Namespace) -> None:
+    """The shipped widths (``--real``; the default on CUDA), in passes: each pass builds every configuration's UNet,
+    warms it up and times one interleaved round of every variant, so that a run cut short by ``--deadline``
+    loses rounds of the last configurations, never a configuration. Raw measurements are saved after every
+    configuration (benchmarks/runs/real-cpu.json)."""
+    start = time.perf_counter()
+    deadline = utc_deadline(args.deadline)
+    results: dict[Config, Result] = {}
+    took: dict[Config, float] = {}
+    cut: list[str] = []
+    meta: dict = {}
+    for rnd in range(args.rounds):
+        for config in REAL_CONFIGS:
+            if rnd and deadline is not None and time.time() + took[config] > deadline:
+                print(f"{config.name}: round {rnd + 1} would end after {args.deadline} UTC: cut", flush=True)
+                cut.append(f"{config.name} round {rnd + 1}")
+                continue
+            print(f"{config.name}: {config.width}, batch {config.batch}, round {rnd + 1}/{args.rounds}", flush=True)
+            t0 = time.time()
+            gpu = torch.cuda.is_available()
+            one = run_config(config, 1, lambda s: print(s, flush=True), REAL_VARIANTS, warmup_round=gpu)
+            took[config] = time.time() - t0
+            results[config] = add_rounds(results.get(config), one)
+            print(table(results[config]) + "\n", flush=True)
+            meta = run_meta(args, args.rounds, time.perf_counter() - start) | {"cut": cut}
+            save_run(f"real-{device_and_dtype()[0].type}", list(results.values()), meta)
+    if not args.no_write and not args.quick:
+        write_real(list(results.values()), meta)
+
+
+def write_real(results: list[Result], meta: dict) -> None:
+    write_section(real_report(results, meta), *real_markers("cpu" if meta["device"] == "CPU" else "cuda"))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="512/1024 px subset (< 5 min)")
+    parser.add_argument("--real", action="store_true", help="the shipped widths (SD1.5 and SDXL); default on CUDA")
+    parser.add_argument("--reduced", action="store_true", help="reduced widths on CUDA too")
+    parser.add_argument("--render", action="store_true", help="--real: re-render its section from the last run's JSON")
+    parser.add_argument("--deadline", help="--real: skip a later round that would end after this HH:MM (UTC)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1: stable on a shared machine, see RESULTS.md)"
@@ -473,6 +786,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.render:
+        return write_real(*load_run(f"real-{device_and_dtype()[0].type}"))
+    if args.real or (torch.cuda.is_available() and not args.reduced):
+        return run_real(args)
     start = time.perf_counter()
     results = []
     for config in QUICK if args.quick else FULL:

@@ -55,7 +55,7 @@ def reinit_zero_modules(model: nn.Module, seed: int = 0, scale: float = 0.05) ->
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
-            if p.dim() > 1 and not p.any():
+            if p.dim() > 1 and not p.is_meta and not p.any():
                 p.copy_(torch.randn(p.shape, generator=gen) * scale / p[0].numel() ** 0.5 * 4)
     return model
 
@@ -94,7 +94,7 @@ def make_unet(
             channel_mult=[1, 2, 4],
             num_res_blocks=2,
             transformer_depth=2,
-            context_dim=[context_dim, context_dim],  # this ldm wants one per block when depth > 1
+            context_dim=[context_dim] * overrides.get("transformer_depth", 2),  # this ldm wants one per block
             use_linear_in_transformer=True,
         )
     else:
@@ -146,3 +146,43 @@ def photo_latents(batch: int, h: int, w: int, seed: int = 0) -> torch.Tensor:
     lat = torch.cat([base, lum], 0)
     gen = torch.Generator().manual_seed(seed)
     return torch.stack([lat.roll(i * 3, dims=-1) + 0.1 * torch.randn(lat.shape, generator=gen) for i in range(batch)])
+
+
+# The shipped widths: SD1.5 (v1-inference.yaml) and SDXL base (sd_xl_base.yaml).
+REAL = {
+    "sd15": dict(model_channels=320, context_dim=768, num_heads=8),
+    "sdxl": dict(model_channels=320, context_dim=2048, depths=(2, 10), adm_in_channels=2816),
+}
+
+
+def make_real_unet(layout: str, seed: int = 0) -> nn.Module:
+    """A real ldm ``UNetModel`` at the shipped width of SD1.5 or SDXL, random weights, float32.
+
+    SD1.5: model_channels 320, 8 heads, context 768, one transformer block at downsample 1/2/4.
+    SDXL: 320/640/1280 channels, transformer depth 0/2/10 (10 in the middle block too), 64-dim heads,
+    context 2048, an ``adm`` vector of 2816 (pass ``y``); this ldm builds one depth for every level, so
+    the blocks beyond 2 at downsample 2 are dropped after construction, and its label embedding is the
+    SDXL one (Linear 2816→1280, SiLU, Linear), built here."""
+    if layout == "sd15":
+        return make_unet("sd15", seed=seed, **REAL["sd15"])
+    cfg = REAL["sdxl"]
+    low, high = cfg["depths"]
+    unet = make_unet(
+        "sdxl",
+        model_channels=cfg["model_channels"],
+        seed=seed,
+        context_dim=cfg["context_dim"],
+        transformer_depth=high,
+        num_head_channels=64,
+        num_classes="continuous",
+    )
+    from ldm.modules.attention import SpatialTransformer
+
+    for module in unet.modules():
+        if isinstance(module, SpatialTransformer) and module.in_channels == 2 * cfg["model_channels"]:
+            module.transformer_blocks = module.transformer_blocks[:low]
+    emb = 4 * cfg["model_channels"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 1)
+        unet.label_emb = nn.Sequential(nn.Linear(cfg["adm_in_channels"], emb), nn.SiLU(), nn.Linear(emb, emb))
+    return unet.eval().requires_grad_(False)

@@ -136,7 +136,9 @@ def test_forge_unet_is_merged_exactly_as_tome_core_applied_directly_and_clean_af
     txt, _ = start(extension_dirs=())  # a Forge that never had the extension: the reference
     plain, (plain_spy,) = generate(txt, None, [unet], width=72, height=56, batch_size=2)
     settings = S.from_dict({"enabled": True, "ratio": 0.5, "seed": 3})
-    tome_core.apply_settings(unet, settings)  # tome_core on the same UNet, no extension involved
+    patch = tome_core.apply_settings(unet, settings)  # tome_core on the same UNet, no extension involved,
+    # told the sampling progress at each denoiser call as the WebUI reports it (the partitions are keyed on it)
+    script_callbacks.on_cfg_denoiser(lambda params: patch.set_progress(ext.sampling_progress(params)))
     direct, (direct_spy,) = generate(txt, None, [unet], width=72, height=56, batch_size=2)
     tome_core.remove_patch(unet)
 

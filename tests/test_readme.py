@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+from benchmarks.gpu import PUBLISHED
 from tome_core import settings as S
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,11 +54,38 @@ def _table(text: str, header: str) -> tuple[list[str], dict[str, list[str]]]:
     return rows[0][1:], {row[0]: row[1:] for row in rows[2:]}
 
 
-def test_speedup_table_is_the_suites_last_run():
-    results = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
-    suite_columns, suite = _table(results, "| model, size |")
-    readme_columns, readme = _table(README, "| model, size |")
+def _section(text: str, name: str) -> str:
+    """The part of RESULTS.md between ``<!-- name:begin -->`` and ``<!-- name:end -->``."""
+    return text.split(f"<!-- {name}:begin -->", 1)[1].split(f"<!-- {name}:end -->", 1)[0]
+
+
+# README table header -> the RESULTS.md section (one benchmark's last run) it is copied from
+TABLES = {
+    "| real width: model, size |": "real-cpu",  # python -m benchmarks.suite --real
+    "| model, size |": "suite",  # python -m benchmarks.suite (reduced widths: the shape of the curve)
+    "| sampling: size |": "sampling",  # python -m benchmarks.sampling
+}
+SPEEDUP_SECTION = README[README.index("## What speed-up to expect") :].split("\n## ", 1)[0]
+
+
+@pytest.mark.parametrize("header", TABLES)
+def test_speedup_tables_are_the_benchmarks_last_runs(header):
+    results = _section((ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8"), TABLES[header])
+    suite_columns, suite = _table(results, header)
+    readme_columns, readme = _table(SPEEDUP_SECTION, header)
     picked = [suite_columns.index(column) for column in readme_columns]
     assert readme and set(readme) <= set(suite)
     for name, values in readme.items():
         assert values == [suite[name][i] for i in picked], name
+
+
+def test_real_widths_lead_and_every_speedup_shown_was_measured():
+    order = [SPEEDUP_SECTION.index(header) for header in TABLES]
+    assert order == sorted(order)  # real widths first, then the shape of the curve, then sampling
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+    measured = set()
+    for header, name in TABLES.items():
+        measured |= {cell for row in _table(_section(results, name), header)[1].values() for cell in row}
+    published = {f"{v:.2f}×" for v in PUBLISHED.values()}  # tomesd's own GPU numbers, quoted as such
+    shown = set(re.findall(r"\d+\.\d+×", SPEEDUP_SECTION))
+    assert shown <= measured | published, shown - measured - published

@@ -49,8 +49,9 @@ def apply_patch(
 
     ``max_downsample`` is 1, 2, 4, 8 or ``"auto"`` (the highest-resolution level that has transformer
     blocks). With ``use_rand`` the destinations are drawn from a private generator derived from
-    ``seed`` (``None`` means 0) and the call's timestep, so results are reproducible and the cond and
-    uncond passes of a step share one partition. Further keyword arguments are other
+    ``seed`` (``None`` means 0) and the step (the progress reported with :meth:`Patch.set_progress`, else
+    the call's timestep, read back once per call), so results are reproducible and the cond and uncond
+    passes of a step share one partition. Further keyword arguments are other
     :class:`ToMeSettings` fields. Invalid values raise :class:`SettingsError` and leave ``model``
     unpatched. Returns the :class:`Patch`.
     """

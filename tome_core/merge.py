@@ -56,8 +56,17 @@ def make_partition(
     marker[(rows * w + cols).flatten()] = -1
     # Destinations first, in the order a sort of the marker gives on this device: the same token order
     # as tomesd's, so that results are bit-identical to it (attention sums depend on the order).
-    order = marker.to(device).view(1, -1, 1).argsort(dim=1).flatten()
+    order = _upload(marker, torch.device(device)).view(1, -1, 1).argsort(dim=1).flatten()
     return Partition(src=order[hs * ws :], dst=order[: hs * ws])
+
+
+def _upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` without stalling the host: a plain host-to-CUDA copy waits for the stream to
+    finish its queued work; one from pinned memory is queued behind it (torch keeps the pinned block alive
+    until the copy is done)."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
 
 
 @dataclass(frozen=True)

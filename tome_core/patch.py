@@ -4,7 +4,8 @@ The patch is made only of PyTorch hooks, so the module tree, the classes and ``s
 they are and other extensions that address modules by name (LoRA) or replace a block's ``_forward``
 on the instance (ControlNet's reference-only) keep working:
 
-* a forward pre-hook on the root records the latent size and the timestep of each UNet call;
+* a forward pre-hook on the root records the latent size of each UNet call and places it in the
+  sampling (from the reported progress, else the timestep: see :meth:`Patch._root_pre`);
 * a forward pre/post-hook pair on each transformer block marks the block input ``x`` whose tokens
   the merge plan is computed from: lazily in ``attn1``'s pre-hook when ``attn1`` is the only merge target,
   else in the block's pre-hook, since Forge's / ComfyUI's blocks add into ``x`` in place (``x += n``)
@@ -321,6 +322,15 @@ class Patch:
             del self.root.__dict__[_ATTR]
 
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """Start of a UNet call: record the latent size; place the call in the sampling (schedule, step
+        number, and the key of its random partitions).
+
+        With progress reported (:meth:`set_progress`, as the WebUI script does every step) all of that
+        comes from the reported value and the call reads nothing back from the device: no host
+        synchronisation. Without it, the timestep is read as a Python number (one device-to-host read
+        per call) when a setting needs it: ``use_rand``, plan reuse, or a step schedule other than 0–1.
+        Either key is shared by the cond and uncond calls of one step and is the same in every process.
+        """
         self._shortfalls.forwards += 1
         x = args[0] if args else kwargs.get("x")
         if isinstance(x, torch.Tensor) and x.dim() == 4:
@@ -328,13 +338,24 @@ class Patch:
         self.ordinal = 0
         self.current = None
         self._active.clear()
-        timesteps = _call_arg(module, args, kwargs, "timesteps")
-        t = _timestep_value(timesteps)
-        progress = self.progress if self.progress is not None else (None if t is None else 1.0 - t / 1000.0)
+        reported = self.progress is not None
+        if reported:
+            key = progress = self.progress
+        elif self._needs_timestep:
+            key = _timestep_value(_call_arg(module, args, kwargs, "timesteps"))
+            progress = None if key is None else 1.0 - key / 1000.0
+        else:
+            key = progress = None
         self.active = self._in_schedule(progress)
-        self._count_step(self.progress if self.progress is not None else t, reported=self.progress is not None)
+        self._count_step(key, reported=reported)
         if self.settings.use_rand:
-            self.forward_key = _mix(self.seed, _bits(t))
+            self.forward_key = _mix(self.seed, _bits(key))
+
+    @property
+    def _needs_timestep(self) -> bool:
+        """Whether a call without reported progress has to read its timestep."""
+        s = self.settings
+        return s.use_rand or self._caches_plans or s.start > 0 or s.end < 1
 
     def _count_step(self, key: float | None, reported: bool) -> None:
         """Number the sampling steps and the UNet calls within one step (plan reuse reads both)."""

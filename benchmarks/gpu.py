@@ -1,0 +1,241 @@
+"""One command for a GPU: the real-width suite and the sampling it/s table at 512–2048 px, as a "GPU" section.
+
+    python -m benchmarks.gpu              # one CUDA GPU; H100/H200 class: about 4 min (see --estimate)
+    python -m benchmarks.gpu --estimate   # the run's FLOPs (counted on meta tensors) and the time they imply
+    python -m benchmarks.gpu --dry-run    # the whole command at tiny sizes on any device (CI runs it)
+
+Real widths (tests/models.REAL), float16, attention through torch's scaled_dot_product_attention (the
+WebUI's "sdp" optimisation). Timing with CUDA events after a warm-up round of every variant; the host
+synchronises only at the start and end of each timed region; peak memory per variant from
+``torch.cuda.max_memory_allocated``. Each model is built once (on the CPU, then moved) and reused.
+
+Part 1, the suite (seconds per UNet forward, every variant of ``suite.REAL_VARIANTS``) on SD1.5 at 512,
+1024 and 2048 px and SDXL at 1024 and 2048 px, cond + uncond batched. Part 2, the sampling table
+(benchmarks/sampling.py: Euler, CFG, 20 steps) on SD1.5 at 512, 1024, 1536 and 2048 px.
+Writes the GPU section of benchmarks/RESULTS.md (``--results`` for another file) from
+benchmarks/runs/gpu.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks import sampling
+from benchmarks import suite as S
+
+BEGIN, END = "<!-- gpu:begin -->", "<!-- gpu:end -->"
+SUITE = (
+    S.Config("sd15", 512, 320, 2, True),
+    S.Config("sd15", 1024, 320, 2, True),
+    S.Config("sd15", 2048, 320, 2, True),
+    S.Config("sdxl", 1024, 320, 2, True),
+    S.Config("sdxl", 2048, 320, 2, True),
+)
+SIZES = sampling.GPU_SIZES
+STEPS, ROUNDS, SAMPLING_ROUNDS, WARMUP_STEPS = 20, 3, 2, 2
+# --dry-run: the same code paths at sizes a CPU runs in seconds (reduced width, tiny latents)
+DRY_SUITE = (S.Config("sd15", 64, 32, 2), S.Config("sdxl", 64, 32, 2))
+DRY_SIZES, DRY_STEPS, DRY_ROUNDS = (64, 96, 128, 160), 2, 1
+# --estimate: sustained float16 throughput assumed for a UNet forward on an H100/H200 (about 20% of the
+# dense tensor-core peak, ~990 TFLOP/s), a floor per forward for kernel launches at small sizes, and the
+# time to build and move the two models
+ASSUMED_FLOPS, FORWARD_FLOOR_S, BUILD_S = 200e12, 0.03, 120.0
+PUBLISHED = {512: 1.01, 1024: 1.22, 1536: 1.44, 2048: 1.65}  # A1111 + xFormers, tomesd ratio 0.5 (tomesd's README)
+
+
+def attention_backend(device: torch.device) -> str:
+    """The scaled_dot_product_attention kernel this device uses for an SD1.5 first-level shape (float16)."""
+    if device.type != "cuda":
+        return "scaled_dot_product_attention (CPU kernel)"
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q = torch.randn(2, 8, 4096, 40, device=device, dtype=torch.float16)
+    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+        try:
+            with sdpa_kernel([backend]):
+                torch.nn.functional.scaled_dot_product_attention(q, q, q)
+            return f"scaled_dot_product_attention: {backend.name} usable (torch picks among the usable kernels)"
+        except RuntimeError:
+            continue
+    return "scaled_dot_product_attention: math fallback only"
+
+
+def forwards_per_config(rounds: int) -> int:
+    """UNet forwards one suite configuration runs: warm-up forward, warm-up round and timed rounds (the plan
+    reuse variant runs two steps, the limit one untimed forward to fill its plans)."""
+    per_round = len(S.REAL_VARIANTS) + 2
+    return 1 + per_round * (rounds + 1)
+
+
+def estimate(rounds: int = ROUNDS, sampling_rounds: int = SAMPLING_ROUNDS, steps: int = STEPS) -> str:
+    """The run's floating-point work, counted by torch's FlopCounterMode on meta tensors (no memory, no
+    compute), every variant counted as a baseline forward (an upper bound), and the time it implies."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def flops(config: S.Config, batch: int) -> float:
+        with torch.device("meta"):
+            unet = config.build()
+            side = config.px // 8
+            x, t = torch.empty(batch, 4, side, side), torch.empty(batch)
+            ctx = torch.empty(batch, 77, config.context_dim)
+            extra = {"y": torch.empty(batch, 2816)} if config.layout == "sdxl" else {}
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            unet(x, t, ctx, **extra)
+        return float(counter.get_total_flops())
+
+    lines, work = [], []  # work: (forwards, FLOPs per forward)
+    for config in SUITE:
+        work.append((forwards_per_config(rounds), flops(config, config.batch)))
+        lines.append(
+            f"suite {config.name} batch {config.batch}: {work[-1][1] / 1e12:.1f} TFLOP/forward x {work[-1][0]}"
+        )
+    for px in SIZES:
+        work.append(
+            (
+                len(sampling.VARIANTS) * (WARMUP_STEPS + sampling_rounds * steps),
+                flops(S.Config("sd15", px, 320, 1, True), 2),
+            )
+        )
+        lines.append(f"sampling SD1.5 {px} px: {work[-1][1] / 1e12:.1f} TFLOP/step x {work[-1][0]}")
+
+    def minutes(rate: float) -> float:
+        return (BUILD_S + sum(n * max(f / rate, FORWARD_FLOOR_S) for n, f in work)) / 60
+
+    low, high = 1e12, 1e16  # the sustained rate at which the run takes 8 min
+    for _ in range(60):
+        mid = (low * high) ** 0.5
+        low, high = (mid, high) if minutes(mid) > 8 else (low, mid)
+    lines.append(
+        f"total {sum(n * f for n, f in work) / 1e15:.0f} PFLOP; at {ASSUMED_FLOPS / 1e12:.0f} TFLOP/s sustained, at "
+        f"least {FORWARD_FLOOR_S * 1000:.0f} ms per forward, plus {BUILD_S:.0f} s to build and move the models: about "
+        f"{minutes(ASSUMED_FLOPS):.1f} min; 8 min at {high / 1e12:.0f} TFLOP/s sustained"
+    )
+    return "\n".join(lines)
+
+
+def mib(n: int | None) -> str:
+    return "— (no CUDA)" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def suite_table(result: S.Result, clock: str) -> str:
+    c = result.config
+    lines = [
+        f"#### {c.name} ({c.width}, batch {c.batch})",
+        "",
+        f"| variant | ms / forward ({clock}) | speed-up | rel. error vs baseline | peak MiB |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for v, row in result.rows.items():
+        peak = "—" if row.peak_bytes is None else f"{row.peak_bytes / 2**20:,.0f}"
+        lines.append(
+            f"| {S.LABELS[v]} | {1000 * row.cpu_s:.1f} | {result.speedup(v):.2f}× | {row.error:.2e} | {peak} |"
+        )
+    return "\n".join(lines)
+
+
+def section(results: list[S.Result], samples: list[sampling.SamplingResult], meta: dict) -> str:
+    clock = "CUDA events" if meta["device"] != "CPU" else "CPU time"
+    anchor = ", ".join(f"{v:.2f}× at {px} px" for px, v in PUBLISHED.items())
+    return "\n".join(
+        [
+            BEGIN,
+            f"## GPU (`{meta['command']}`)",
+            "",
+            f"Device: {meta['device']}. torch {meta['torch']}, CUDA {meta['cuda']}, {meta['dtype']}. "
+            f"Attention: {meta['attention']}. Run finished {meta['finished']} and took {meta['seconds'] / 60:.1f} min.",
+            "",
+            f"{meta['note']}Medians of {meta['rounds']} (sampling: {meta['sampling_rounds']}) interleaved rounds after a warm-up round of every variant; "
+            f"times from {clock} around each timed region (on CUDA the host synchronises only there); peak = "
+            "`torch.cuda.max_memory_allocated` during the variant's timed region.",
+            "",
+            "### Sampling it/s (the seed's table, our way)",
+            "",
+            f"The published anchor (tomesd's README: A1111 + xFormers, ratio 0.5, speed-up over plain): {anchor}.",
+            "",
+            sampling.table(samples),
+            "",
+            sampling.details(samples),
+            "### One UNet forward",
+            "",
+            *[suite_table(r, clock) + "\n" for r in results],
+            END,
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="tiny sizes, any device: proves the command works")
+    parser.add_argument("--estimate", action="store_true", help="print the FLOP-based time estimate and stop")
+    parser.add_argument("--results", type=Path, default=S.RESULTS, help="the markdown file to write the section to")
+    parser.add_argument("--runs", type=Path, default=S.RUNS, help="where the raw measurements (gpu.json) go")
+    args = parser.parse_args(argv)
+    if args.estimate:
+        return print(estimate())
+    device, dtype = S.device_and_dtype()
+    if device.type != "cuda" and not args.dry_run:
+        sys.exit("no CUDA device: run this on a GPU, or use --dry-run")
+    suite_configs, sizes = (DRY_SUITE, DRY_SIZES) if args.dry_run else (SUITE, SIZES)
+    steps, rounds, sampling_rounds = (
+        (DRY_STEPS, DRY_ROUNDS, DRY_ROUNDS) if args.dry_run else (STEPS, ROUNDS, SAMPLING_ROUNDS)
+    )
+    torch.set_num_threads(1 if args.dry_run else torch.get_num_threads())
+    start = time.perf_counter()
+
+    def log(message: str) -> None:
+        print(message, flush=True)
+
+    models: dict[tuple[str, bool], torch.nn.Module] = {}
+
+    def model(config: S.Config) -> torch.nn.Module:
+        key = (config.layout, config.real)
+        if key not in models:
+            models.clear()  # one model on the device at a time
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            models[key] = S.prepare(config.build(), device, dtype)
+        return models[key]
+
+    # sampling first (SD1.5), then the suite's SD1.5 sizes on the same model, then SDXL
+    samples = []
+    for px in sizes:
+        config = S.Config("sd15", px, suite_configs[0].channels, 1, suite_configs[0].real)
+        log(f"sampling {px} px, {steps} steps")
+        warmup_steps = 1 if args.dry_run else WARMUP_STEPS
+        samples.append(sampling.run_size(config, steps, sampling_rounds, warmup_steps, log, unet=model(config)))
+        for v in sampling.VARIANTS:
+            log(
+                f"  {sampling.LABELS[v]}: {samples[-1].its(v):.2f} it/s, peak GPU memory {mib(samples[-1].peak_bytes[v])}"
+            )
+    results = []
+    for config in suite_configs:
+        log(f"suite {config.name}: {config.width}, batch {config.batch}")
+        results.append(S.run_config(config, rounds, log, S.REAL_VARIANTS, warmup_round=True, unet=model(config)))
+        for v, row in results[-1].rows.items():
+            log(f"  {S.LABELS[v]}: {1000 * row.cpu_s:.1f} ms / forward, peak GPU memory {mib(row.peak_bytes)}")
+    meta = S.run_meta(argparse.Namespace(threads=torch.get_num_threads()), rounds, time.perf_counter() - start)
+    meta |= {
+        "attention": attention_backend(device),
+        "sampling_rounds": sampling_rounds,
+        "command": "python -m benchmarks.gpu" + (" --dry-run" if args.dry_run else ""),
+        "note": "DRY RUN: tiny sizes, reduced width; the numbers mean nothing. " if args.dry_run else "",
+    }
+    S.save_run_data(
+        "gpu",
+        {"suite": [r.to_json() for r in results], "sampling": [sampling.to_json(s) for s in samples]},
+        meta,
+        args.runs,
+    )
+    text = section(results, samples, meta)
+    print(text)
+    S.write_section(text, BEGIN, END, args.results)
+    log(f"wrote the GPU section of {args.results}")
+
+
+if __name__ == "__main__":
+    main()

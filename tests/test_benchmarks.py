@@ -1,0 +1,127 @@
+"""The benchmarks do not rot: the GPU command runs end to end (``--dry-run``, tiny sizes) and writes its section in
+the agreed format without touching benchmarks/RESULTS.md; the sampling loop is the WebUI's (Euler on SD's
+schedule, progress reported every step, nothing read back from the device)."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from models import make_unet
+from test_host_reads import host_reads
+
+import tome_core
+from benchmarks import gpu, sampling, suite
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpu")
+    before = digest(suite.RESULTS)
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu", "--dry-run", "--results", str(tmp / "R.md"), "--runs", str(tmp)],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert digest(suite.RESULTS) == before  # the real RESULTS.md is left alone
+    return out.stdout, (tmp / "R.md").read_text(encoding="utf-8"), json.loads((tmp / "gpu.json").read_text())
+
+
+def test_gpu_command_dry_run_prints_peak_memory_of_every_variant(dry_run):
+    stdout, _, _ = dry_run
+    for label in [*(sampling.LABELS[v] for v in sampling.VARIANTS), *(suite.LABELS[v] for v in suite.REAL_VARIANTS)]:
+        assert f"  {label}: " in stdout and "peak GPU memory" in stdout, label
+    assert stdout.count("peak GPU memory") == len(gpu.DRY_SIZES) * len(sampling.VARIANTS) + len(gpu.DRY_SUITE) * len(
+        suite.REAL_VARIANTS
+    )
+
+
+def test_gpu_command_dry_run_writes_its_section(dry_run):
+    _, text, data = dry_run
+    assert text.count(gpu.BEGIN) == 1 and text.count(gpu.END) == 1
+    meta = data["meta"]
+    assert f"Device: {meta['device']}. torch {torch.__version__}, CUDA {torch.version.cuda}" in text
+    assert "Attention: scaled_dot_product_attention" in text and "DRY RUN" in text
+    # the sampling table: one row per size, plain it/s then every variant's speed-up
+    columns, rows = _table(text, "| sampling: size |")
+    assert columns == ["plain it/s", *(sampling.LABELS[v] for v in sampling.VARIANTS[1:])]
+    assert list(rows) == [f"{px} px" for px in gpu.DRY_SIZES]
+    assert all(cell.endswith("×") for row in rows.values() for cell in row[1:])
+    # one forward table per suite configuration, every variant with its peak memory column
+    for config in gpu.DRY_SUITE:
+        columns, rows = _table(text, f"#### {config.name} ({config.width}, batch {config.batch})\n\n|")
+        assert columns[-1] == "peak MiB" and list(rows) == [suite.LABELS[v] for v in suite.REAL_VARIANTS]
+    assert len(data["results"]["suite"]) == len(gpu.DRY_SUITE)
+    assert [s["px"] for s in data["results"]["sampling"]] == list(gpu.DRY_SIZES)
+
+
+def _table(text: str, header: str) -> tuple[list[str], dict[str, list[str]]]:
+    start = text.index(header) + header.index("|")
+    rows = []
+    for line in text[start:].splitlines():
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows[0][1:], {row[0]: row[1:] for row in rows[2:]}
+
+
+def test_euler_schedule_is_sds_discrete_sigmas():
+    sig = sampling.sigmas(20)
+    assert len(sig) == 21 and sig[-1] == 0.0
+    assert sig[0] == pytest.approx(14.6146, abs=1e-4) and sig[-2] == pytest.approx(0.0292, abs=1e-4)
+    assert all(a > b for a, b in itertools.pairwise(sig))
+    assert sampling.timesteps(20)[0] == 999 and sampling.timesteps(20)[-1] == 0
+
+
+def test_sampling_loop_reports_progress_every_step_and_reads_nothing_back():
+    unet = make_unet("sd15")
+    patch = sampling.switch(unet, "ours")
+    seen = []
+    report = patch.set_progress
+    patch.set_progress = lambda f: (seen.append(f), report(f))
+    noise = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
+    ctx = torch.randn(2, 7, 64, generator=torch.Generator().manual_seed(1))
+    steps = 3
+    schedule = (sampling.sigmas(steps), sampling.timesteps(steps).float())
+    with host_reads() as counts:
+        out = sampling.sample(unet, noise, ctx, schedule, patch, {})
+    assert seen == [0, 1 / 3, 2 / 3] and not counts and patch.plans_computed > 0
+    sampling.switch(unet, "plain")
+    assert tome_core.get_patch(unet) is None
+    plain = sampling.sample(unet, noise, ctx, schedule, None, {})
+    assert out.shape == plain.shape and 0 < ((out - plain).norm() / plain.norm()).item() < 0.2
+
+
+def test_real_widths_are_the_shipped_architectures():
+    """Parameter counts of the shipped UNets (SD1.5: 859,520,964; SDXL base: 2,567,463,684), built on meta tensors."""
+    from ldm.modules.attention import SpatialTransformer
+    from models import make_real_unet
+
+    with torch.device("meta"):
+        sd15, sdxl = make_real_unet("sd15"), make_real_unet("sdxl")
+    assert sum(p.numel() for p in sd15.parameters()) == 859_520_964
+    assert sum(p.numel() for p in sdxl.parameters()) == 2_567_463_684
+    depths = sorted(
+        {(m.in_channels, len(m.transformer_blocks)) for m in sdxl.modules() if isinstance(m, SpatialTransformer)}
+    )
+    assert depths == [(640, 2), (1280, 10)]
+    block = sdxl.output_blocks[0][1].transformer_blocks[0]
+    assert block.attn1.heads == 20 and block.attn2.to_k.in_features == 2048  # 64-dim heads, context 2048
+    assert sdxl.label_emb[0].in_features == 2816
