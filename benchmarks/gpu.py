@@ -49,20 +49,21 @@ PUBLISHED = {512: 1.01, 1024: 1.22, 1536: 1.44, 2048: 1.65}  # A1111 + xFormers,
 
 
 def attention_backend(device: torch.device) -> str:
-    """The scaled_dot_product_attention kernel this device uses for an SD1.5 first-level shape (float16)."""
+    """The scaled_dot_product_attention kernels usable on this device for an SD1.5 first-level shape (float16)."""
     if device.type != "cuda":
         return "scaled_dot_product_attention (CPU kernel)"
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     q = torch.randn(2, 8, 4096, 40, device=device, dtype=torch.float16)
-    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+    usable = []
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION):
         try:
             with sdpa_kernel([backend]):
                 torch.nn.functional.scaled_dot_product_attention(q, q, q)
-            return f"scaled_dot_product_attention: {backend.name} usable (torch picks among the usable kernels)"
+            usable.append(backend.name)
         except RuntimeError:
             continue
-    return "scaled_dot_product_attention: math fallback only"
+    return f"scaled_dot_product_attention; fused kernels usable here: {', '.join(usable) or 'none (math fallback)'}"
 
 
 def forwards_per_config(rounds: int) -> int:

@@ -612,9 +612,15 @@ def real_targets(results: list[Result]) -> str:
     sd = by_name.get("SD1.5 1024 px")
     if sd is not None:
         ours, theirs = sd.rows["exact"].cpu_s, sd.rows["tomesd"].cpu_s
+        noise = statistics.median([s for s, _ in spreads(results)] or [0.0])
+        close = (
+            f" The difference is within this run's noise (median spread {noise:.1%})."
+            if abs(1 - ours / theirs) < noise
+            else ""
+        )
         lines.append(
             f"- SD1.5 1024 px, ours exact ≤ tomesd time: {ours:.2f} s vs {theirs:.2f} s per forward "
-            f"(ours / tomesd {ours / theirs:.3f}): {verdict(ours <= theirs)}."
+            f"(ours / tomesd {ours / theirs:.3f}): {verdict(ours <= theirs)}.{close}"
         )
         share = sd.speedup("share+interval") / sd.speedup("limit")
         lines.append(
@@ -640,18 +646,23 @@ def real_targets(results: list[Result]) -> str:
 REAL_COLUMNS = ("tomesd", "exact", "share+interval", "downsample", "limit")
 
 
-def spread_note(results: list[Result]) -> str:
-    """How far a variant's CPU time moved between rounds: the noise floor of this run's comparisons."""
-    spreads = [
+def spreads(results: list[Result]) -> list[tuple[float, str]]:
+    """Each variant's round-to-round spread of CPU time, (max − min) / median, with its name (variants timed
+    more than once): the noise floor of a run's comparisons."""
+    return [
         ((max(row.cpu) - min(row.cpu)) / row.cpu_s, f"{r.config.name} {LABELS[v]}")
         for r in results
         for v, row in r.rows.items()
         if len(row.cpu) > 1
     ]
-    if not spreads:
+
+
+def spread_note(results: list[Result]) -> str:
+    named = spreads(results)
+    if not named:
         return "One round only: there is no round-to-round spread to show how noisy these times are."
-    worst, where = max(spreads)
-    typical = statistics.median(s for s, _ in spreads)
+    worst, where = max(named)
+    typical = statistics.median(s for s, _ in named)
     return (
         f"Round-to-round spread of a variant's CPU time (max − min over median): median {typical:.1%}, at most "
         f"{worst:.1%} ({where}). Differences smaller than that are within this machine's noise."
