@@ -8,10 +8,12 @@ import json
 from contextlib import closing
 from pathlib import Path
 
+import generation
 import harness
 import pytest
 import tiny_models
 import torch
+from generation import Spy, identical
 from modules import devices, infotext_utils, processing, script_callbacks, scripts, sd_models, shared
 from modules.api import api
 
@@ -51,43 +53,11 @@ def args_with(runner, value):
     return args
 
 
-class Spy:
-    """Records, for every UNet call, our patch's settings (None when unpatched) and the output."""
-
-    def __init__(self, model):
-        self.unet = model.model.diffusion_model
-        self.calls: list[tome_core.ToMeSettings | None] = []
-        self.outputs: list[torch.Tensor] = []
-        self.progress: list[float | None] = []
-        self.active: list[bool | None] = []
-        self._handles = [
-            self.unet.register_forward_pre_hook(self._pre),
-            self.unet.register_forward_hook(self._post),
-        ]
-
-    def _pre(self, module, args):
-        patch = tome_core.get_patch(module)
-        self.calls.append(patch.settings if patch else None)
-        self.progress.append(patch.progress if patch else None)
-
-    def _post(self, module, args, out):
-        self.outputs.append(out.clone())
-        patch = tome_core.get_patch(module)
-        self.active.append(patch.active if patch else None)
-
-    def close(self):
-        for h in self._handles:
-            h.remove()
-
-
 def generate(runner, script_args, model, **kwargs):
-    p = harness.make_txt2img(runner, script_args=script_args, **kwargs)
-    spy = Spy(model)
-    try:
-        with closing(p):
-            res = processing.process_images(p)
-    finally:
-        spy.close()
+    """One txt2img generation; a spy on ``model``'s UNet."""
+    res, (spy,) = generation.generate(
+        harness.make_txt2img, runner, script_args, [model.model.diffusion_model], **kwargs
+    )
     return res, spy
 
 
@@ -151,7 +121,7 @@ def test_patched_while_sampling_unpatched_after_and_next_generation_bit_identica
         assert not all(torch.equal(a, b) for a, b in zip(spy.outputs, base_spy.outputs))
         off, off_spy = generate(txt, None, sd_model, width=96, height=96)
         assert all(s is None for s in off_spy.calls)
-        assert all(torch.equal(a, b) for a, b in zip(off_spy.outputs, base_spy.outputs))
+        assert identical(off_spy.outputs, base_spy.outputs)
         assert off.infotexts == baseline.infotexts
     finally:
         harness.reset_webui()
@@ -238,7 +208,7 @@ def test_img2img_is_patched(webui, sd_model):
     )
     p.scripts = img
     p.script_args = args_with(img, [True, 0.4])
-    spy = Spy(sd_model)
+    spy = Spy(sd_model.model.diffusion_model)
     try:
         with closing(p):
             processing.process_images(p)
@@ -326,7 +296,7 @@ def _api(txt, tome_args, **payload):
 
 def test_api_positional_list_and_dict_give_the_same_generation(webui, sd_model):
     txt, _ = webui
-    spy = Spy(sd_model)
+    spy = Spy(sd_model.model.diffusion_model)
     try:
         listed = _api(txt, [True, 0.4, "2", 2, 2, True, 77])
         n = len(spy.calls)
@@ -334,7 +304,7 @@ def test_api_positional_list_and_dict_give_the_same_generation(webui, sd_model):
     finally:
         spy.close()
     assert spy.calls[0] == spy.calls[n] and spy.calls[0].ratio == 0.4 and spy.calls[0].max_downsample == 2
-    assert all(torch.equal(a, b) for a, b in zip(spy.outputs[:n], spy.outputs[n:]))
+    assert identical(spy.outputs[:n], spy.outputs[n:])
     listed, as_dict = json.loads(listed["info"]), json.loads(as_dict["info"])
     assert listed["infotexts"] == as_dict["infotexts"] and listed["extra_generation_params"]["ToMe seed"] == 77
     assert tome_core.get_patch(sd_model) is None
@@ -362,7 +332,7 @@ def test_api_positional_list_and_dict_give_the_same_generation(webui, sd_model):
 )
 def test_api_invalid_input_patches_nothing_and_says_why(webui, sd_model, tome_args, field, fragment):
     txt, _ = webui
-    spy = Spy(sd_model)
+    spy = Spy(sd_model.model.diffusion_model)
     try:
         response = _api(txt, tome_args)
     finally:
@@ -374,7 +344,7 @@ def test_api_invalid_input_patches_nothing_and_says_why(webui, sd_model, tome_ar
 
 def test_api_missing_keys_take_defaults(webui, sd_model):
     txt, _ = webui
-    spy = Spy(sd_model)
+    spy = Spy(sd_model.model.diffusion_model)
     try:
         _api(txt, [{"enabled": True}])
     finally:
@@ -445,7 +415,7 @@ def test_xyz_cells_override_without_touching_globals(webui, sd_model):
     p = harness.make_txt2img(txt, script_args=args_with(txt, [False]), width=64, height=64)
     template_params = p.extra_generation_params
     opts_before = dict(shared.opts.data)
-    spy = Spy(sd_model)
+    spy = Spy(sd_model.model.diffusion_model)
     try:
         enabled = xyz.run_cell(p, axis["[ToMe] Enabled"], "True")
         cells = [xyz.run_cell(p, axis["[ToMe] Merge ratio"], v) for v in (0.3, 0.6)]
@@ -458,7 +428,7 @@ def test_xyz_cells_override_without_touching_globals(webui, sd_model):
     assert "ToMe" not in stride.infotexts[0]
     assert template_params == {} and shared.opts.data == opts_before and not hasattr(p, ext.OVERRIDES_ATTR)
     both = harness.make_txt2img(txt, script_args=args_with(txt, [True]), width=64, height=64)
-    spy = Spy(sd_model)
+    spy = Spy(sd_model.model.diffusion_model)
     try:
         results = [xyz.run_cell(both, axis["[ToMe] Merge ratio"], v) for v in (0.3, 0.6)]
         stride = xyz.run_cell(both, axis["[ToMe] Stride (XxY)"], "1x2")

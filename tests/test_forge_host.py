@@ -7,12 +7,14 @@ import json
 from contextlib import closing
 from pathlib import Path
 
+import generation
 import numpy as np
 import pytest
 import torch
 from forge_double import backend, processing, sd_models
 from forge_double import harness as forge
 from forge_double.unet import controlnet_from_ldm
+from generation import Spy, identical, pixels
 from modules import devices, errors, infotext_utils, script_callbacks, scripts, shared
 from modules.api import api
 
@@ -67,55 +69,11 @@ def set_units(runner, args, units):
     return args
 
 
-class Spy:
-    """Per forward of ``module``: our patch's settings (None when unpatched), the output, the progress, whether the
-    call was inside the step schedule, and the ``transformer_options`` patches it was given."""
-
-    def __init__(self, module: torch.nn.Module):
-        self.module = module
-        self.calls: list[S.ToMeSettings | None] = []
-        self.outputs: list = []
-        self.progress: list[float | None] = []
-        self.active: list[bool | None] = []
-        self.plans: list[int | None] = []  # merge plans the patch had computed after each forward
-        self.patches: list[dict] = []
-        self._handles = [
-            module.register_forward_pre_hook(self._pre, with_kwargs=True),
-            module.register_forward_hook(self._post),
-        ]
-
-    def _pre(self, module, args, kwargs):
-        patch = tome_core.get_patch(module)
-        self.calls.append(patch.settings if patch else None)
-        self.progress.append(patch.progress if patch else None)
-        self.patches.append(dict(kwargs.get("transformer_options", {}).get("patches", {})))
-
-    def _post(self, module, args, out):
-        self.outputs.append([o.clone() for o in out] if isinstance(out, list) else out.clone())
-        patch = tome_core.get_patch(module)
-        self.active.append(patch.active if patch else None)
-        self.plans.append(patch.plans_computed if patch else None)
-
-    def close(self):
-        for handle in self._handles:
-            handle.remove()
-
-
 def generate(runner, script_args, modules=(), img2img=False, **kwargs):
-    """One generation through Forge's ``process_images`` inside ``closing(p)``; spies on ``modules``."""
-    p = (forge.make_img2img if img2img else forge.make_txt2img)(runner, script_args=script_args, **kwargs)
-    spies = [Spy(m) for m in modules]
-    try:
-        with closing(p):
-            res = processing.process_images(p)
-    finally:
-        for spy in spies:
-            spy.close()
-    return res, spies
-
-
-def pixels(res) -> list[np.ndarray]:
-    return [np.asarray(img) for img in res.images]
+    """One generation through Forge's ``process_images``; spies on ``modules``."""
+    return generation.generate(
+        forge.make_img2img if img2img else forge.make_txt2img, runner, script_args, modules, **kwargs
+    )
 
 
 def no_hooks_anywhere(module: torch.nn.Module) -> bool:
@@ -147,9 +105,9 @@ def test_forge_unet_is_merged_exactly_as_tome_core_applied_directly_and_clean_af
     txt, _ = start()
     res, (spy,) = generate(txt, tome_args(txt, ratio=0.5), [unet], width=72, height=56, batch_size=2)
     assert spy.calls and all(s is not None and s.ratio == 0.5 and s.seed == 3 for s in spy.calls)
-    assert all(torch.equal(a, b) for a, b in zip(spy.outputs, direct_spy.outputs))
+    assert identical(spy.outputs, direct_spy.outputs)
     assert not any(torch.equal(a, b) for a, b in zip(spy.outputs, plain_spy.outputs))
-    assert all(np.array_equal(a, b) for a, b in zip(pixels(res), pixels(direct)))
+    assert identical(pixels(res), pixels(direct))
     assert ext.ERROR_KEY not in res.js() and ext.NOTE_KEY not in res.js()
     assert "ToMe: True" in res.infotexts[0]
     # nothing left: no hook, same classes, same weights; the next ToMe-off generation is the plain one
@@ -157,8 +115,8 @@ def test_forge_unet_is_merged_exactly_as_tome_core_applied_directly_and_clean_af
     assert all(torch.equal(v, unet.state_dict()[k]) for k, v in state.items())
     off, (off_spy,) = generate(txt, tome_args(txt, enabled=False), [unet], width=72, height=56, batch_size=2)
     assert all(s is None for s in off_spy.calls)
-    assert all(torch.equal(a, b) for a, b in zip(off_spy.outputs, plain_spy.outputs))
-    assert off.infotexts == plain.infotexts and all(np.array_equal(a, b) for a, b in zip(pixels(off), pixels(plain)))
+    assert identical(off_spy.outputs, plain_spy.outputs)
+    assert off.infotexts == plain.infotexts and identical(pixels(off), pixels(plain))
 
 
 def test_sdxl_engine_merges_at_its_first_attention_level_by_default(start, builders):
@@ -207,7 +165,7 @@ def test_after_any_failure_the_next_generation_is_bit_identical_to_a_forge_witho
     assert no_hooks_anywhere(unet)
     shared.state.interrupted = False
     off, _ = generate(txt, None)
-    assert all(np.array_equal(a, b) for a, b in zip(pixels(off), pixels(plain))) and off.infotexts == plain.infotexts
+    assert identical(pixels(off), pixels(plain)) and off.infotexts == plain.infotexts
 
 
 def test_a_patch_left_by_a_caller_without_closing_is_removed_before_the_next_generation(start, builders):
@@ -374,7 +332,7 @@ def test_api_alwayson_scripts_list_and_dict_merge_alike_on_forge(start, builders
     finally:
         spy.close()
     assert n and spy.calls[0] == spy.calls[n] and spy.calls[0].ratio == 0.4 and spy.calls[0].max_downsample == 2
-    assert all(torch.equal(a, b) for a, b in zip(spy.outputs[:n], spy.outputs[n:]))
+    assert identical(spy.outputs[:n], spy.outputs[n:])
     assert json.loads(listed["info"])["infotexts"] == json.loads(as_dict["info"])["infotexts"]
     assert "ToMe: True" in json.loads(listed["info"])["infotexts"][0] and no_hooks_anywhere(unet)
 
@@ -488,7 +446,7 @@ def test_model_without_transformer_blocks_runs_unmerged_with_a_note(start, build
     _off, (off_spy,) = generate(txt, None, [flux])
     assert "no UNet transformer blocks" in res.infotexts[0]
     assert "no UNet transformer blocks" in res.js() and ext.ERROR_KEY not in res.js()
-    assert all(torch.equal(a, b) for a, b in zip(spy.outputs, off_spy.outputs))
+    assert identical(spy.outputs, off_spy.outputs)
     assert no_hooks_anywhere(flux)
 
 
