@@ -201,13 +201,18 @@ def device_and_dtype() -> tuple[torch.device, torch.dtype]:
 
 
 def prepare(unet: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """``unet`` on ``device`` in ``dtype``; in a half type, ldm's GroupNorm32 keeps float32 weights (it normalises
+    its input in float32) and every other module, the transformers' plain GroupNorm included, takes ``dtype``:
+    CUDA's group norm wants its input and weights in one dtype."""
+    from ldm.modules.diffusionmodules.util import GroupNorm32
+
     unet = unet.to(device)
     if dtype != torch.float32:
         unet = unet.to(dtype)
         unet.dtype = dtype  # ldm's use_fp16 flag, for any half type
         for m in unet.modules():
-            if isinstance(m, torch.nn.GroupNorm):
-                m.float()  # ldm's GroupNorm32 computes in float32
+            if isinstance(m, GroupNorm32):
+                m.float()
         unet.time_embed.register_forward_pre_hook(lambda m, args: (args[0].to(dtype),))
     return unet
 

@@ -125,3 +125,26 @@ def test_real_widths_are_the_shipped_architectures():
     block = sdxl.output_blocks[0][1].transformer_blocks[0]
     assert block.attn1.heads == 20 and block.attn2.to_k.in_features == 2048  # 64-dim heads, context 2048
     assert sdxl.label_emb[0].in_features == 2816
+
+
+def test_half_precision_unet_runs_every_group_norm_in_one_dtype(monkeypatch):
+    """``suite.prepare`` in float16 (the CUDA path): CUDA's group norm kernel takes input and weights of one dtype
+    only, so no call may mix them; the half model's output stays that of the float32 one."""
+    calls = []
+    group_norm = torch.nn.functional.group_norm
+
+    def recording(x, groups, weight=None, bias=None, eps=1e-5):
+        calls.append((x.dtype, weight.dtype))
+        return group_norm(x, groups, weight, bias, eps)
+
+    unet = make_unet("sd15")
+    x = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(0))
+    t, ctx = torch.full((2,), 601.0), torch.randn(2, 77, 64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = unet(x, t, ctx)
+        half = suite.prepare(unet, torch.device("cpu"), torch.float16)
+        monkeypatch.setattr(torch.nn.functional, "group_norm", recording)
+        out = half(x.half(), t, ctx.half())
+    assert {torch.float16, torch.float32} == {w for _, w in calls}  # both kinds of GroupNorm were run
+    assert all(x_dtype == w_dtype for x_dtype, w_dtype in calls), sorted(set(calls))
+    assert out.dtype == torch.float16 and ((out.float() - full).norm() / full.norm()).item() < 1e-2
