@@ -219,28 +219,38 @@ class ToMeScript(scripts.Script):
             run.note(
                 f"{'hires' if hires else 'first'} pass {width}x{height} is below the minimum size {run.settings.min_size} px: not merged"
             )
-            p.extra_generation_params[ext.NOTE_KEY] = run.note_text
+            _write_note(p, run)
             return
         seeds = getattr(p, "seeds", None)
         settings = run.pass_settings(seeds[0] if seeds else getattr(p, "seed", None), hires)
-        control = [*control_models(p, run.notes)] if settings.merge_controlnet else []
-        if not _patch(p, run, settings, [shared.sd_model, *control]):
+        if not _patch(p, run, settings, _pass_models(p, run, settings)):
             return
         if settings.use_rand:
             p.extra_generation_params[S.spec("seed").infotext] = settings.seed
-        if run.notes:
-            p.extra_generation_params[ext.NOTE_KEY] = run.note_text
+        _write_note(p, run)
 
     def post_sample(self, p: Any, ps: Any, *args: Any) -> None:
         """After the sampling passes of a batch, before its infotext: say what could not be merged."""
         run: ext.Run | None = getattr(p, RUN_ATTR, None)
         if run is not None:
             run.note(*registry.shortfalls())
-            if run.notes:
-                p.extra_generation_params[ext.NOTE_KEY] = run.note_text
+            _write_note(p, run)
 
     def postprocess(self, p: Any, processed: Any, *args: Any) -> None:
         registry.clear(shared.sd_model)
+
+
+def _pass_models(p: Any, run: ext.Run, settings: S.ToMeSettings) -> list[Any]:
+    """What a sampling pass patches: the model that samples and, with ``merge_controlnet``, Mikubill's
+    ControlNet models (Forge's are added at the pass's first denoiser call)."""
+    control = control_models(p, run.notes) if settings.merge_controlnet else ()
+    return [shared.sd_model, *control]
+
+
+def _write_note(p: Any, run: ext.Run) -> None:
+    """The ``ToMe note`` infotext entry, when there is something to say."""
+    if run.notes:
+        p.extra_generation_params[ext.NOTE_KEY] = run.note_text
 
 
 def _unpatch(run: ext.Run) -> None:
@@ -279,13 +289,12 @@ def _on_cfg_denoiser(params: Any) -> None:
         models = []
         if not registry.patched(shared.sd_model):  # the refiner switched models: follow it
             _unpatch(run)
-            models = (
-                [shared.sd_model, *control_models(p, run.notes)] if settings.merge_controlnet else [shared.sd_model]
-            )
+            models = _pass_models(p, run, settings)
         if models or getattr(denoiser, "step", None) == 0:
             control = forge_controlnet.control_models(shared.sd_model) if settings.merge_controlnet else ()
             models += [m for m in control if not registry.patched(m)]
-            _patch(p, run, settings, models)
+            if models:
+                _patch(p, run, settings, models)
     registry.set_progress(ext.sampling_progress(params))
 
 
