@@ -10,7 +10,7 @@ on the instance (ControlNet's reference-only) keep working:
   the merge plan is computed from: lazily in ``attn1``'s pre-hook when ``attn1`` is the only merge target,
   else in the block's pre-hook, since Forge's / ComfyUI's blocks add into ``x`` in place (``x += n``)
   before ``attn2`` and ``ff`` run;
-* forward pre/post-hooks on ``attn1`` / ``attn2`` / ``ff`` merge their (first, positional) input and unmerge
+* forward pre/post-hooks on ``attn1`` / ``attn2`` / ``ff`` merge their input (first positional, or ``x=``) and unmerge
   their output (``method="merge"``), or a pre-hook on a self-attention ``attn1`` passes ``context=`` its input
   with the token grid subsampled, so that keys and values are downsampled and queries kept
   (``method="downsample"``, ToDo). When keys/values reach ``attn1`` as ``context=``/``value=`` (a Forge
@@ -179,11 +179,6 @@ class MergeReport:
     unfit: int = 0
 
     @property
-    def merged_everywhere(self) -> bool:
-        """Nothing to report: every block ToMe acts on was merged as configured."""
-        return not self.notes
-
-    @property
     def notes(self) -> tuple[str, ...]:
         """Short, host-independent phrases, one per kind of shortfall (empty when there is none)."""
         if self.blocks == 0:
@@ -264,8 +259,9 @@ class Patch:
         return max(self.settings.seed, 0)
 
     def _highest_level(self, level_downsample: int) -> int:
-        """Downsample of the highest-resolution level with transformer blocks: from ``attention_resolutions``,
-        else the level of the first block seen (the first block of a forward is the highest level)."""
+        """Downsample of the highest-resolution level with transformer blocks: from the module's configuration
+        (:meth:`_auto_downsample`), else the level of the first block seen (the first block of a forward is the
+        highest level)."""
         if self.auto_downsample is None:
             self.auto_downsample = level_downsample
         return self.auto_downsample
