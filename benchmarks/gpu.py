@@ -132,9 +132,9 @@ def suite_table(result: S.Result, clock: str) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for v, row in result.rows.items():
-        peak = "—" if row.peak_bytes is None else f"{row.peak_bytes / 2**20:,.0f}"
         lines.append(
-            f"| {S.LABELS[v]} | {1000 * row.cpu_s:.1f} | {result.speedup(v):.2f}× | {row.error:.2e} | {peak} |"
+            f"| {S.LABELS[v]} | {1000 * row.cpu_s:.1f} | {result.speedup(v):.2f}× | {row.error:.2e} | "
+            f"{S.mib(row.peak_bytes, 0)} |"
         )
     return "\n".join(lines)
 

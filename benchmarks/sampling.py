@@ -26,13 +26,23 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import tomesd
 import torch
 
 import tome_core
-from benchmarks.suite import Config, Holder, Timer, device_and_dtype, load_run_data, prepare, save_run_data
+from benchmarks.suite import (
+    Config,
+    Holder,
+    Timer,
+    device_and_dtype,
+    load_run_data,
+    mib,
+    prepare,
+    run_meta,
+    save_run_data,
+)
 from benchmarks.suite import write_section as _write_section
 
 BEGIN, END = "<!-- sampling:begin -->", "<!-- sampling:end -->"
@@ -145,7 +155,7 @@ def run_size(
     side = config.px // 8
     gen = torch.Generator().manual_seed(SEED)
     noise = torch.randn(config.batch, 4, side, side, generator=gen).to(device, dtype)
-    ctx, extra = Config(config.layout, config.px, config.channels, 2 * config.batch, config.real).conditioning()
+    ctx, extra = replace(config, batch=2 * config.batch).conditioning()  # cond + uncond
     ctx = ctx.to(device, dtype)
     extra = {k: v.to(device, dtype) for k, v in extra.items()}
     result = SamplingResult(config.px, steps, config.width)
@@ -200,9 +210,8 @@ def details(results: list[SamplingResult]) -> str:
             "|---|---:|---:|---:|---:|",
         ]
         for v in VARIANTS:
-            peak = res.peak_bytes.get(v)
-            mib = "—" if peak is None else f"{peak / 2**20:,.0f}"
-            out.append(f"| {LABELS[v]} | {res.its(v):.3g} | {res.speedup(v):.2f}× | {res.error[v]:.2e} | {mib} |")
+            peak = mib(res.peak_bytes.get(v), 0)
+            out.append(f"| {LABELS[v]} | {res.its(v):.3g} | {res.speedup(v):.2f}× | {res.error[v]:.2e} | {peak} |")
         out.append("")
     return "\n".join(out)
 
@@ -257,15 +266,7 @@ def main(argv: list[str] | None = None) -> None:
     for px in CPU_SIZES:
         config = Config("sd15", px, args.channels, 1)
         results.append(run_size(config, args.steps, args.rounds, 1, lambda s: print(s, flush=True)))
-    meta = {
-        "device": "CPU",
-        "dtype": "float32",
-        "torch": torch.__version__,
-        "cuda": None,
-        "threads": args.threads,
-        "rounds": args.rounds,
-        "seconds": round(time.perf_counter() - start, 1),
-        "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    meta = run_meta(args, args.rounds, time.perf_counter() - start) | {
         "command": "python -m benchmarks.sampling",
         "note": (
             f"SD1.5 layout at reduced width (model_channels {args.channels}; real ldm blocks), {args.steps} steps: "

@@ -217,11 +217,6 @@ def prepare(unet: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> 
     return unet
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 class Timer:
     """Times the ``with`` block: on CUDA with events, synchronising only at its start and end (and recording
     the peak memory allocated inside it); on a CPU with process CPU time and wall time."""
@@ -381,8 +376,9 @@ def run_config(
 # --- report ---------------------------------------------------------------------------------------
 
 
-def mib(n: int | None) -> str:
-    return "—" if n is None else f"{n / 2**20:,.1f}"
+def mib(n: int | None, digits: int = 1) -> str:
+    """Bytes as MiB for a table cell; — where nothing was measured."""
+    return "—" if n is None else f"{n / 2**20:,.{digits}f}"
 
 
 def table(result: Result) -> str:
@@ -468,12 +464,12 @@ def reuse_of_limit(results: list[Result]) -> tuple[list[float], list[float]]:
     return speed, gain
 
 
+def verdict(ok: bool) -> str:
+    return "**met**" if ok else "**NOT met**"
+
+
 def targets(results: list[Result]) -> str:
     """The issue's measurable targets, judged from this run's numbers."""
-
-    def verdict(ok: bool) -> str:
-        return "**met**" if ok else "**NOT met**"
-
     lines = []
     diff = max(r.tomesd_equal for r in results)
     lines.append(
@@ -608,10 +604,6 @@ def real_markers(device: str) -> tuple[str, str]:
 
 def real_targets(results: list[Result]) -> str:
     """Issue 10's targets, judged from a real-width run."""
-
-    def verdict(ok: bool) -> str:
-        return "**met**" if ok else "**NOT met**"
-
     by_name = {r.config.name: r for r in results}
     lines = []
     sd = by_name.get("SD1.5 1024 px")
