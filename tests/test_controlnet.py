@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from contextlib import closing
 from pathlib import Path
 from types import SimpleNamespace
 
 import controlnet_double as cnd
+import generation
 import harness
 import pytest
 import tiny_models
 import torch
-from modules import processing, scripts
+from generation import identical
+from modules import scripts
 
 import tome_core
 from tome_core import controlnet as tcn
@@ -61,28 +62,10 @@ def hint(width, height, seed=0):
     return torch.rand(1, 3, height, width, generator=torch.Generator().manual_seed(seed))
 
 
-class CallLog:
-    """For each call of ``module``: the settings of the patch on it (None when unpatched)."""
-
-    def __init__(self, module):
-        self.calls = []
-        self.handle = module.register_forward_pre_hook(self._pre)
-
-    def _pre(self, module, args):
-        patch = tome_core.get_patch(module)
-        self.calls.append(patch.settings if patch else None)
-
-
 def run(runner, script_args, sd_model, logged, **kwargs):
-    logs = [CallLog(m) for m in logged]
-    p = harness.make_txt2img(runner, script_args=script_args, **kwargs)
-    try:
-        with closing(p):
-            res = processing.process_images(p)
-    finally:
-        for log in logs:
-            log.handle.remove()
-    return res, [log.calls for log in logs]
+    """One txt2img generation; per module of ``logged``, the settings of our patch at each of its calls."""
+    res, spies = generation.generate(harness.make_txt2img, runner, script_args, logged, **kwargs)
+    return res, [spy.calls for spy in spies]
 
 
 @pytest.mark.parametrize("width,height,batch", [(64, 64, 1), (72, 56, 2)])
@@ -115,7 +98,7 @@ def test_merging_in_control_model_changes_its_output_and_can_be_turned_off(webui
         finally:
             handle.remove()
         outputs[merge_cn] = got
-        assert all((s is not None) == merge_cn for s in calls)
+        assert calls and all((s is not None) == merge_cn for s in calls)
     assert not torch.equal(outputs[True][0], outputs[False][0])
 
 
@@ -123,7 +106,7 @@ def test_adapters_have_nothing_to_merge_and_still_work(webui, sd_model):
     adapter = cnd.make_adapter(model_channels=32)
     add_controlnet(webui, [cnd.ControlNetUnit(model=adapter, image=hint(64, 64), module="t2ia")])
     res, (unet_calls,) = run(webui, tome_args(webui), sd_model, [sd_model.model.diffusion_model])
-    assert all(s is not None for s in unet_calls) and ext.NOTE_KEY not in res.js()
+    assert unet_calls and all(s is not None for s in unet_calls) and ext.NOTE_KEY not in res.js()
     assert not any(tome_core.get_patch(m) for m in adapter.modules())
 
 
@@ -132,7 +115,7 @@ def test_unexpected_controlnet_internals_degrade_to_unet_only_with_a_note(webui,
     # a future release renames its state: the hook still works, but latest_network has no control_params
     cn.on_hooked = lambda network: setattr(cn, "latest_network", SimpleNamespace(restore=network.restore))
     res, (unet_calls,) = run(webui, tome_args(webui), sd_model, [sd_model.model.diffusion_model])
-    assert all(s is not None for s in unet_calls)
+    assert unet_calls and all(s is not None for s in unet_calls)
     assert tcn.NOTE_UNEXPECTED in res.infotexts[0]
 
 
@@ -160,7 +143,7 @@ def test_reference_modes_work_with_tome_and_after_it(webui, sd_model, mode):
         handle_seed.remove()
     assert calls and all(s is not None for s in calls)
     assert any(not torch.equal(a, b) for a, b in zip(on, off_before))  # merged while reference-only is active
-    assert all(torch.equal(a, b) for a, b in zip(off_after, off_before))  # nothing stale pinned afterwards
+    assert identical(off_after, off_before)  # nothing stale pinned afterwards
     assert all(tome_core.get_patch(m) is None for m in [unet, *transformer_blocks(unet)])
 
 
@@ -207,4 +190,4 @@ def test_sdxl_layout_control_model_merges_at_its_first_attention_level_and_remov
     merged = net(**call)
     tome_core.remove_patch(net)
     assert all(((a - b).norm() / b.norm()).item() > 1e-3 for a, b in zip(merged[-3:], base[-3:]))
-    assert all(torch.equal(a, b) for a, b in zip(net(**call), base))
+    assert identical(net(**call), base)

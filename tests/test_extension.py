@@ -120,7 +120,7 @@ def test_patched_while_sampling_unpatched_after_and_next_generation_bit_identica
         assert tome_core.get_patch(sd_model) is None
         assert not all(torch.equal(a, b) for a, b in zip(spy.outputs, base_spy.outputs))
         off, off_spy = generate(txt, None, sd_model, width=96, height=96)
-        assert all(s is None for s in off_spy.calls)
+        assert off_spy.calls and all(s is None for s in off_spy.calls)
         assert identical(off_spy.outputs, base_spy.outputs)
         assert off.infotexts == baseline.infotexts
     finally:
@@ -160,7 +160,7 @@ def test_leftover_patch_is_removed_by_the_next_generation(webui, sd_model):
         processing.process_images(p)  # no closing(p): as if a caller forgot it
     assert tome_core.get_patch(sd_model) is not None
     _, spy = generate(txt, None, sd_model)
-    assert all(s is None for s in spy.calls) and tome_core.get_patch(sd_model) is None
+    assert spy.calls and all(s is None for s in spy.calls) and tome_core.get_patch(sd_model) is None
 
 
 def test_interrupt_still_unpatches(webui, sd_model):
@@ -275,13 +275,13 @@ def test_builtin_ratio_is_replaced_for_this_generation_and_said(webui, sd_model)
     shared.opts.token_merging_ratio = 0.3
     res, spy = generate(txt, args_with(txt, [True, 0.5]), sd_model)
     assert all(r == 0 for r in sd_models.apply_token_merging_calls)  # tomesd never applied
-    assert all(s is not None and s.ratio == 0.5 for s in spy.calls)
+    assert spy.calls and all(s is not None and s.ratio == 0.5 for s in spy.calls)
     assert "ToMe replaced built-in ratio: 0.3" in res.infotexts[0] and "Token merging ratio" not in res.infotexts[0]
     assert shared.opts.token_merging_ratio == 0.3  # the setting itself untouched
     sd_models.apply_token_merging_calls.clear()
     res, spy = generate(txt, None, sd_model)  # ToMe off: the built-in works as before
     assert 0.3 in sd_models.apply_token_merging_calls and "Token merging ratio: 0.3" in res.infotexts[0]
-    assert all(s is None for s in spy.calls)
+    assert spy.calls and all(s is None for s in spy.calls)
 
 
 # --- API -----------------------------------------------------------------------------------------------
@@ -337,7 +337,7 @@ def test_api_invalid_input_patches_nothing_and_says_why(webui, sd_model, tome_ar
         response = _api(txt, tome_args)
     finally:
         spy.close()
-    assert all(s is None for s in spy.calls)
+    assert spy.calls and all(s is None for s in spy.calls)
     message = json.loads(response["info"])["extra_generation_params"][ext.ERROR_KEY]
     assert f"'{field}'" in message and fragment in message
 
@@ -456,7 +456,7 @@ def test_sdxl_generation_merges_with_default_settings():
         finally:
             hook.remove()
         assert patches and all(p is not None and p.auto_downsample == 2 for p in patches)
-        assert all(s.max_downsample == "auto" for s in spy.calls)
+        assert spy.calls and all(s.max_downsample == "auto" for s in spy.calls)
         assert not any(torch.equal(a, b) for a, b in zip(spy.outputs, base_spy.outputs))  # really merged
         assert tome_core.get_patch(model) is None
     finally:

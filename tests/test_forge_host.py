@@ -114,7 +114,7 @@ def test_forge_unet_is_merged_exactly_as_tome_core_applied_directly_and_clean_af
     assert no_hooks_anywhere(unet) and [type(m) for m in unet.modules()] == classes
     assert all(torch.equal(v, unet.state_dict()[k]) for k, v in state.items())
     off, (off_spy,) = generate(txt, tome_args(txt, enabled=False), [unet], width=72, height=56, batch_size=2)
-    assert all(s is None for s in off_spy.calls)
+    assert off_spy.calls and all(s is None for s in off_spy.calls)
     assert identical(off_spy.outputs, plain_spy.outputs)
     assert off.infotexts == plain.infotexts and identical(pixels(off), pixels(plain))
 
@@ -177,7 +177,7 @@ def test_a_patch_left_by_a_caller_without_closing_is_removed_before_the_next_gen
         processing.process_images(p)
     assert tome_core.get_patch(engine()) is not None  # left behind on the UNet inside the engine
     _, (spy,) = generate(txt, None, [unet])
-    assert all(s is None for s in spy.calls) and no_hooks_anywhere(unet)
+    assert spy.calls and all(s is None for s in spy.calls) and no_hooks_anywhere(unet)
 
 
 def test_script_unload_clears_the_forge_unet(start, builders):
@@ -200,7 +200,7 @@ def test_builtin_token_merging_is_taken_over_and_settings_untouched(start, build
     assert "Token merging ratio: 0.5" in builtin.infotexts[0]
     sd_models.apply_token_merging_calls.clear()
     res, (spy,) = generate(txt, tome_args(txt), [unet])
-    assert all(s is not None for s in spy.calls)
+    assert spy.calls and all(s is not None for s in spy.calls)
     assert all("attn1_patch" not in patches for patches in spy.patches)  # the built-in's clone never applied
     assert sd_models.apply_token_merging_calls and set(sd_models.apply_token_merging_calls) == {0.0}
     assert f"{ext.BUILTIN_KEY}: 0.5" in res.infotexts[0] and "Token merging ratio" not in res.infotexts[0]
@@ -242,7 +242,7 @@ def test_img2img_is_patched_and_differs_from_plain(start, builders):
     res, (spy,) = generate(img, tome_args(img, ratio=0.4), [unet], img2img=True, init_images=[image], steps=4)
     _off, (off_spy,) = generate(img, None, [unet], img2img=True, init_images=[image], steps=4)
     assert spy.calls and all(s is not None and s.ratio == 0.4 for s in spy.calls)
-    assert all(s is None for s in off_spy.calls)
+    assert off_spy.calls and all(s is None for s in off_spy.calls)
     assert not any(torch.equal(a, b) for a, b in zip(spy.outputs, off_spy.outputs))
     assert ext.ERROR_KEY not in res.js() and no_hooks_anywhere(unet)
 
@@ -304,7 +304,9 @@ def test_xyz_axes_register_on_forge_classic_grid_without_format_value_add_label(
         res = xyz.run_cell(p, axis, "1x2")
     finally:
         spy.close()
-    assert all(s is not None and (s.sx, s.sy) == (1, 2) for s in spy.calls) and ext.ERROR_KEY not in res.js()
+    assert (
+        spy.calls and all(s is not None and (s.sx, s.sy) == (1, 2) for s in spy.calls) and ext.ERROR_KEY not in res.js()
+    )
 
 
 # --- API and paste-back ------------------------------------------------------------------------------------------
@@ -371,7 +373,12 @@ def test_builtin_controlnet_model_merges_like_the_unet_and_is_clean_after(start,
     assert no_hooks_anywhere(control_module) and no_hooks_anywhere(unet)
     args = set_units(txt, tome_args(txt, merge_controlnet=False), units)
     _, (unet_off, cn_off) = generate(txt, args, [unet, control_module])
-    assert all(s is None for s in cn_off.calls) and all(s is not None for s in unet_off.calls)
+    assert (
+        cn_off.calls
+        and all(s is None for s in cn_off.calls)
+        and unet_off.calls
+        and all(s is not None for s in unet_off.calls)
+    )
     assert not torch.equal(cn_spy.outputs[0][-1], cn_off.outputs[0][-1])  # merging changed the control residuals
 
 
@@ -392,7 +399,7 @@ def test_control_lora_model_built_at_sampling_start_is_patched_from_the_first_de
     units = [{"model": "lora", "image": hint()}]
     res, (unet_spy,) = generate(txt, set_units(txt, tome_args(txt), units), [unet], steps=3)
     assert len(built) == 1 and calls == [True, True, True]
-    assert all(s is not None for s in unet_spy.calls) and ext.ERROR_KEY not in res.js()
+    assert unet_spy.calls and all(s is not None for s in unet_spy.calls) and ext.ERROR_KEY not in res.js()
     assert all(tome_core.get_patch(m) is None for m in built[0].modules())  # cleaned up with the rest
     res, _ = generate(txt, set_units(txt, tome_args(txt), units), enable_hr=True, hr_upscaler="Latent", steps=2)
     assert len(built) == 3 and calls[3:] == [True] * 4  # a new one for each pass, each patched
@@ -413,7 +420,12 @@ def test_t2i_adapter_runs_as_it_is_while_the_unet_merges(start, builders):
         txt, set_units(txt, tome_args(txt), [{"model": "t2i", "image": hint()}]), [unet, adapter]
     )
     assert adapter_spy.outputs and all(s is None for s in adapter_spy.calls)
-    assert all(s is not None for s in spy.calls) and ext.ERROR_KEY not in res.js() and ext.NOTE_KEY not in res.js()
+    assert (
+        spy.calls
+        and all(s is not None for s in spy.calls)
+        and ext.ERROR_KEY not in res.js()
+        and ext.NOTE_KEY not in res.js()
+    )
 
 
 # --- the refiner ------------------------------------------------------------------------------------------------
@@ -428,6 +440,7 @@ def test_refiner_switched_in_mid_sampling_is_patched_and_the_old_unet_cleaned(st
     )
     assert sd_models.loads[-2:] == ["refiner", "sd15"] or sd_models.loads[-1] == "refiner"
     assert len(first_spy.calls) == 2 and len(refiner_spy.calls) == 2
+    assert first_spy.calls and refiner_spy.calls
     assert all(s is not None and s.ratio == 0.4 for s in first_spy.calls + refiner_spy.calls)
     assert refiner_spy.progress == [0.5, 0.75]
     assert "Refiner: refiner" in res.infotexts[0] and ext.ERROR_KEY not in res.js()
@@ -492,6 +505,6 @@ def test_what_another_extensions_attn1_patch_leaves_unmerged_is_noted(start, bui
     unet = unet_of(builders["sd15"])
     txt, _ = start(extension_dirs=(_patching_extension(tmp_path, body), str(ROOT)))
     res, (spy,) = generate(txt, tome_args(txt, method=method), [unet])
-    assert all(s is not None for s in spy.calls) and ext.ERROR_KEY not in res.js()
+    assert spy.calls and all(s is not None for s in spy.calls) and ext.ERROR_KEY not in res.js()
     assert f"{ext.NOTE_KEY}: " in res.infotexts[0] and note in res.infotexts[0] and note in res.js()
     assert no_hooks_anywhere(unet) and all(tome_core.get_patch(b) is None for b in transformer_blocks(unet))

@@ -13,6 +13,7 @@ import pytest
 import tomesd
 import torch
 from forge_double.unet import attention_pytorch, controlnet_from_ldm, unet_from_ldm
+from generation import identical
 from models import Holder, photo_latents
 from torch import nn
 
@@ -102,7 +103,7 @@ def test_forge_controlnet_unpatched_is_bit_identical_to_the_ldm_one():
     x, t, ctx = inputs(2, (16, 24))
     hint = torch.rand(2, 3, 128, 192, generator=torch.Generator().manual_seed(1))
     ref, out = ldm(x, hint, t, ctx), forge(x=x, hint=hint, timesteps=t, context=ctx)
-    assert len(ref) == len(out) and all(torch.equal(a, b) for a, b in zip(ref, out))
+    assert identical(ref, out)
 
 
 # --- exactness: Forge layout patched == ldm patched == tomesd ----------------------------------------------------
@@ -218,7 +219,7 @@ def test_forge_controlnet_patched_equals_the_ldm_one_patched():
     with patched(ldm, forge, **settings):
         ref, out = ldm(x, hint, t, ctx), forge(x=x, hint=hint, timesteps=t, context=ctx)
     assert rel(ref[-1], base[-1]) > 1e-4
-    assert all(torch.equal(a, b) for a, b in zip(ref, out))
+    assert identical(ref, out)
 
 
 # --- Forge's attention patches ---------------------------------------------------------------------------------
