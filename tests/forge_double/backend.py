@@ -50,14 +50,6 @@ class EpsPredictor:
         self.sigmas = ((1 - self.alphas_cumprod) / self.alphas_cumprod) ** 0.5
         self.log_sigmas = self.sigmas.log()
 
-    @property
-    def sigma_min(self) -> torch.Tensor:
-        return self.sigmas[0]
-
-    @property
-    def sigma_max(self) -> torch.Tensor:
-        return self.sigmas[-1]
-
     def timestep(self, sigma: torch.Tensor) -> torch.Tensor:
         dists = sigma.log() - self.log_sigmas[:, None]
         return dists.abs().argmin(dim=0).view(sigma.shape)
@@ -119,14 +111,12 @@ class ModelPatcher:
         self.model_options: dict[str, Any] = {"transformer_options": {}}
 
     def clone(self) -> ModelPatcher:
-        n = ModelPatcher(self.model, self.load_device, self.offload_device, self.size, self.current_device)
+        """The same ``model`` (so one ``KModel`` for all clones), copies of the patch dicts, options deep-copied."""
+        n = type(self)(self.model, self.load_device, self.offload_device, self.size, self.current_device)
         n.lora_patches = self.lora_patches.copy()
         n.object_patches = self.object_patches.copy()
         n.model_options = copy.deepcopy(self.model_options)
         return n
-
-    def has_online_lora(self) -> bool:
-        return False
 
     def set_model_patch(self, patch, name: str) -> None:
         to = self.model_options["transformer_options"]
@@ -147,9 +137,6 @@ class ModelPatcher:
     def set_model_attn1_output_patch(self, patch) -> None:
         self.set_model_patch(patch, "attn1_output_patch")
 
-    def set_model_attn1_replace(self, patch, block_name, number, transformer_index=None) -> None:
-        self.set_model_patch_replace(patch, "attn1", block_name, number, transformer_index)
-
 
 class UnetPatcher(ModelPatcher):
     """``backend/patcher/unet.py``: also carries the ControlNet linked list (shared by clones)."""
@@ -164,10 +151,7 @@ class UnetPatcher(ModelPatcher):
         self.extra_concat_condition = None
 
     def clone(self) -> UnetPatcher:
-        n = UnetPatcher(self.model, self.load_device, self.offload_device, self.size, self.current_device)
-        n.lora_patches = self.lora_patches.copy()
-        n.object_patches = self.object_patches.copy()
-        n.model_options = copy.deepcopy(self.model_options)
+        n = super().clone()
         n.controlnet_linked_list = self.controlnet_linked_list
         n.extra_concat_condition = self.extra_concat_condition
         return n
