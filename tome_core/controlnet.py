@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from .patch import is_transformer_block
+from .patch import has_transformer_blocks
 
 NOTE_UNEXPECTED = "ControlNet internals not recognised: merging in the UNet only"
 
@@ -64,6 +64,6 @@ def control_models(p: Any, notes: list[str]) -> Iterator[nn.Module]:
             if NOTE_UNEXPECTED not in notes:
                 notes.append(NOTE_UNEXPECTED)
             continue
-        if id(module) not in seen and any(is_transformer_block(m) for m in module.modules()):
+        if id(module) not in seen and has_transformer_blocks(module):
             seen.add(id(module))
             yield module

@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from .patch import is_transformer_block
+from .patch import has_transformer_blocks
 
 
 def control_models(sd_model: Any) -> Iterator[nn.Module]:
@@ -35,5 +35,5 @@ def control_models(sd_model: Any) -> Iterator[nn.Module]:
         module = getattr(controlnet, "control_model", None)
         if isinstance(module, nn.Module) and id(module) not in seen:
             seen.add(id(module))
-            if any(is_transformer_block(m) for m in module.modules()):
+            if has_transformer_blocks(module):
                 yield module

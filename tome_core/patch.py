@@ -100,6 +100,11 @@ def transformer_blocks(root: nn.Module) -> Iterator[nn.Module]:
     return (m for m in root.modules() if is_transformer_block(m))
 
 
+def has_transformer_blocks(root: nn.Module) -> bool:
+    """Whether ToMe has anything to merge in ``root`` (control models without blocks, e.g. adapters, have not)."""
+    return next(transformer_blocks(root), None) is not None
+
+
 def level_sizes(h: int, w: int) -> Iterator[tuple[int, int, int]]:
     """``(downsample, h, w)`` of each UNet level: stride-2 convolutions with padding 1 round up."""
     for k in range(_MAX_LEVELS):
