@@ -1,6 +1,6 @@
 """One command for a GPU: the real-width suite and the sampling it/s table at 512–2048 px, as a "GPU" section.
 
-    python -m benchmarks.gpu              # one CUDA GPU; H100/H200 class: about 4 min (see --estimate)
+    python -m benchmarks.gpu              # one CUDA GPU; H100/H200 class: about 5 min (see --estimate)
     python -m benchmarks.gpu --estimate   # the run's FLOPs (counted on meta tensors) and the time they imply
     python -m benchmarks.gpu --dry-run    # the whole command at tiny sizes on any device (CI runs it)
 

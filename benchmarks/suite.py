@@ -1,7 +1,7 @@
 """The benchmark suite: seconds per UNet forward, speed-up, fidelity and plan memory of every ToMe variant.
 
     python -m benchmarks.suite            # full run (< 30 min on a 2-core CPU)
-    python -m benchmarks.suite --quick    # 512/1024 px subset (< 5 min)
+    python -m benchmarks.suite --quick    # 512/1024 px subset (< 5 min), printed only
 
 Real ldm UNets (SD1.5 layout, and ldm configured like SDXL: attention at downsample 2 and 4 only),
 random weights with the zero-initialised output layers re-initialised (tests/models.py), natural-image
@@ -19,7 +19,7 @@ Variants (ratio 0.5, top-left destinations so that outputs are comparable with t
 Writes its section of benchmarks/RESULTS.md (between markers; other sections are kept) and
 benchmarks/speedup.png.
 
-    python -m benchmarks.suite --real --rounds 2 --deadline 06:15   # the shipped widths (~1 h of CPU)
+    python -m benchmarks.suite --real --rounds 2 --deadline 06:15   # the shipped widths (73 min on the CPU)
 
 ``--real`` (the default on CUDA) runs the shipped SD1.5 and SDXL architectures at 1024 px (and SD1.5 at
 512 px) with baseline, tomesd, ours exact, share_plan + plan_interval 2, ToDo and the limit, and writes
@@ -706,9 +706,15 @@ def real_report(results: list[Result], meta: dict) -> str:
             f"Rounds: {' or '.join(map(str, rounds))} interleaved round(s) per configuration"
             + (f" ({', '.join(cut)} cut by the run's deadline)" if cut else "")
             + ", medians. Each round builds the model, warms it up with one untimed baseline forward (which is "
-            "also the plan-reuse variants' reference), then times every variant once. Speed-up from process CPU "
-            f"time (one thread). Run finished {meta['finished']} and took {meta['seconds'] / 60:.0f} min of wall time "
-            "on the shared 2-core machine.",
+            "also the plan-reuse variants' reference)"
+            + (
+                ", then times every variant once. Speed-up from process CPU time (one thread)"
+                if cpu
+                else " and an untimed round of every variant, then times every variant once. Speed-up from GPU time "
+                "(CUDA events)"
+            )
+            + f". Run finished {meta['finished']} and took {meta['seconds'] / 60:.0f} min of wall time "
+            + ("on the shared 2-core machine." if cpu else f"on the {meta['device']}."),
             "",
             spread_note(results),
             "",
@@ -782,7 +788,9 @@ def write_real(results: list[Result], meta: dict) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="512/1024 px subset (< 5 min)")
+    parser.add_argument(
+        "--quick", action="store_true", help="print only; at reduced widths also a 512/1024 px subset (< 5 min)"
+    )
     parser.add_argument("--real", action="store_true", help="the shipped widths (SD1.5 and SDXL); default on CUDA")
     parser.add_argument("--reduced", action="store_true", help="reduced widths on CUDA too")
     parser.add_argument("--render", action="store_true", help="--real: re-render its section from the last run's JSON")
