@@ -1,11 +1,13 @@
-"""Full generations for the host tests (WebUI double and Forge double alike): a spy on the modules that run, the
-generation inside ``closing(p)``, and comparisons that fail on missing outputs instead of passing on none."""
+"""Full generations for the host tests (WebUI double and Forge double alike): ToMe's script arguments, a spy on the
+modules that run, the generation inside ``closing(p)``, and comparisons that fail on missing outputs instead of
+passing on none."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from contextlib import closing
 
+import harness
 import modules
 import numpy as np
 import torch
@@ -47,6 +49,18 @@ class Spy:
     def close(self):
         for handle in self._handles:
             handle.remove()
+
+
+def tome_script(runner):
+    """The ToMe script among ``runner``'s always-on scripts."""
+    return next(s for s in runner.alwayson_scripts if s.title() == "ToMe")
+
+
+def tome_args(runner, **values):
+    """The runner's UI defaults with ToMe's slot set to the API's dict form (enabled unless said otherwise)."""
+    args = harness.default_script_args(runner)
+    args[tome_script(runner).args_from] = {"enabled": True, **values}
+    return args
 
 
 def generate(make: Callable, runner, script_args, spied: Iterable[torch.nn.Module] = (), **kwargs):

@@ -11,7 +11,7 @@ import harness
 import pytest
 import tiny_models
 import torch
-from generation import identical
+from generation import identical, tome_args
 from modules import scripts
 
 import tome_core
@@ -49,13 +49,6 @@ def add_controlnet(runner, units):
     runner.alwayson_scripts.append(script)
     runner.scripts.append(script)
     return script
-
-
-def tome_args(runner, **settings):
-    args = harness.default_script_args(runner)
-    script = next(s for s in runner.alwayson_scripts if s.title() == "ToMe")
-    args[script.args_from] = {"enabled": True, **settings}
-    return args
 
 
 def hint(width, height, seed=0):

@@ -13,7 +13,7 @@ import harness
 import pytest
 import tiny_models
 import torch
-from generation import Spy, identical
+from generation import Spy, identical, tome_script
 from modules import devices, infotext_utils, processing, script_callbacks, scripts, sd_models, shared
 from modules.api import api
 
@@ -36,10 +36,6 @@ def webui(sd_model):
     yield txt, img
     tome_core.remove_patch(sd_model)
     harness.reset_webui()
-
-
-def tome_script(runner):
-    return next(s for s in runner.alwayson_scripts if s.title() == "ToMe")
 
 
 def args_with(runner, value):

@@ -14,7 +14,7 @@ import torch
 from forge_double import backend, processing, sd_models
 from forge_double import harness as forge
 from forge_double.unet import controlnet_from_ldm
-from generation import Spy, identical, pixels
+from generation import Spy, identical, pixels, tome_script
 from modules import devices, errors, infotext_utils, script_callbacks, scripts, shared
 from modules.api import api
 
@@ -56,11 +56,8 @@ def start(builders):
 
 
 def tome_args(runner, **values):
-    """The runner's UI defaults with ToMe's slot set to the API's dict form (enabled unless said otherwise)."""
-    args = forge.default_script_args(runner)
-    script = next(s for s in runner.alwayson_scripts if s.title() == "ToMe")
-    args[script.args_from] = {"enabled": True, "seed": 3, **values}
-    return args
+    """:func:`generation.tome_args` with ToMe's seed 3 unless said otherwise."""
+    return generation.tome_args(runner, **{"seed": 3, **values})
 
 
 def set_units(runner, args, units):
@@ -214,7 +211,7 @@ def test_builtin_token_merging_is_taken_over_and_settings_untouched(start, build
 def test_hires_pass_is_patched_after_forges_second_process_before_every_sampling(start, builders):
     unet = unet_of(builders["sd15"])
     txt, _ = start()
-    tome = next(s for s in txt.alwayson_scripts if s.title() == "ToMe")
+    tome = tome_script(txt)
     hook_calls = []
     original = tome.process_before_every_sampling
 
@@ -343,7 +340,7 @@ def test_forge_infotext_pastes_back_every_setting(start):
     txt, _ = start()
     chosen = {"enabled": True, "ratio": 0.35, "sx": 1, "merge_crossattn": True, "method": "merge", "plan_interval": 2}
     res, _ = generate(txt, tome_args(txt, **chosen), seed=1234)
-    script = next(s for s in txt.alwayson_scripts if s.title() == "ToMe")
+    script = tome_script(txt)
     pasted = infotext_utils.apply_paste_fields(script.infotext_fields, res.infotexts[0])
     assert S.from_args([pasted[c] for c, _ in script.infotext_fields]) == S.from_dict({**chosen, "seed": 3})
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import harness
 import tiny_models
+from generation import tome_args
 from modules import processing, sd_models, shared
 
 import tome_core
@@ -30,9 +31,7 @@ def test_webui_refiner_model_is_merged_from_the_switch_on_and_both_left_clean():
     ]
     try:
         sd_models.load_model(main)  # the selected checkpoint; the refiner stays loaded (checkpoint cache)
-        script = next(s for s in txt.alwayson_scripts if s.title() == "ToMe")
-        args = harness.default_script_args(txt)
-        args[script.args_from] = {"enabled": True, "ratio": 0.4, "seed": 3}
+        args = tome_args(txt, ratio=0.4, seed=3)
         p = harness.make_txt2img(
             txt, script_args=args, steps=4, refiner_checkpoint="tiny-refiner", refiner_switch_at=0.5
         )

@@ -11,6 +11,7 @@ from pathlib import Path
 import gradio as gr
 import harness
 import pytest
+from generation import tome_script
 from gradio_page import Page
 from modules import infotext_utils
 from modules.api import api
@@ -45,10 +46,6 @@ def tab(request, webui):
 
 
 ORDERS = pytest.mark.parametrize("order", ["forward", "reverse"])
-
-
-def tome_script(runner):
-    return next(s for s in runner.alwayson_scripts if s.title() == "ToMe")
 
 
 def controls(runner) -> dict[str, gr.components.Component]:
