@@ -29,7 +29,7 @@ from forge_double.unet import unet_from_ldm  # noqa: E402
 from models import make_unet, photo_latents  # noqa: E402
 
 import tome_core  # noqa: E402
-from benchmarks.suite import RATIO, Config, ours, write_section  # noqa: E402
+from benchmarks.suite import RATIO, Config, Timer, ours, write_section  # noqa: E402
 
 BEGIN, END = "<!-- forge:begin -->", "<!-- forge:end -->"
 CONFIGS = (Config("sd15", 512, 64, 2), Config("sd15", 1024, 32, 1), Config("sdxl", 1024, 32, 2))
@@ -73,12 +73,11 @@ def run_config(config: Config, rounds: int) -> dict[tuple[str, str], dict]:
             for variant in VARIANTS:
                 for layout in LAYOUTS if r % 2 else LAYOUTS[::-1]:
                     switch(unets[layout], variant)
-                    w0, c0 = time.perf_counter(), time.process_time()
-                    out[variant, layout] = forward(layout, unets[layout], *inputs)
-                    c1, w1 = time.process_time(), time.perf_counter()
+                    with Timer(torch.device("cpu")) as timer:
+                        out[variant, layout] = forward(layout, unets[layout], *inputs)
                     if r:
-                        cpu[variant, layout].append(c1 - c0)
-                        wall[variant, layout].append(w1 - w0)
+                        cpu[variant, layout].append(timer.cpu)
+                        wall[variant, layout].append(timer.wall)
     for unet in unets.values():
         tome_core.remove_patch(unet)
     stats = {}
@@ -96,7 +95,7 @@ def run_config(config: Config, rounds: int) -> dict[tuple[str, str], dict]:
 def table(config: Config, stats: dict) -> str:
     base = {lay: stats["baseline", lay]["cpu"] for lay in LAYOUTS}
     lines = [
-        f"### {config.name} (model_channels {config.channels}, batch {config.batch})",
+        f"### {config.name} ({config.width}, batch {config.batch})",
         "",
         "| variant | ldm CPU s | Forge CPU s | ldm wall s | Forge wall s | ldm speed-up | Forge speed-up "
         "| Forge / ldm time | rel. error vs baseline | Forge output = ldm output |",

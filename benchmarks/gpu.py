@@ -84,7 +84,7 @@ def estimate(rounds: int = ROUNDS, sampling_rounds: int = SAMPLING_ROUNDS, steps
             side = config.px // 8
             x, t = torch.empty(batch, 4, side, side), torch.empty(batch)
             ctx = torch.empty(batch, 77, config.context_dim)
-            extra = {"y": torch.empty(batch, 2816)} if config.layout == "sdxl" else {}
+            extra = {"y": torch.empty(batch, config.adm_channels)} if config.adm_channels else {}
         with FlopCounterMode(display=False) as counter, torch.no_grad():
             unet(x, t, ctx, **extra)
         return float(counter.get_total_flops())

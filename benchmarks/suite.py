@@ -96,6 +96,11 @@ class Config:
     def context_dim(self) -> int:
         return REAL[self.layout]["context_dim"] if self.real else 64
 
+    @property
+    def adm_channels(self) -> int | None:
+        """Width of SDXL's ``y`` vector (real width only; None: the model takes none)."""
+        return REAL[self.layout].get("adm_in_channels") if self.real else None
+
     def build(self) -> torch.nn.Module:
         if self.real:
             return make_real_unet(self.layout)
@@ -105,7 +110,7 @@ class Config:
         """Text context (batch, 77, context_dim) and extra UNet keyword arguments (SDXL's ``y``)."""
         gen = torch.Generator().manual_seed(0)
         ctx = torch.randn(self.batch, 77, self.context_dim, generator=gen)
-        adm = REAL[self.layout].get("adm_in_channels") if self.real else None
+        adm = self.adm_channels
         return ctx, ({"y": torch.randn(self.batch, adm, generator=gen)} if adm else {})
 
 

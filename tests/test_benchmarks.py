@@ -18,7 +18,7 @@ from models import make_unet
 from test_host_reads import host_reads
 
 import tome_core
-from benchmarks import gpu, sampling, suite
+from benchmarks import forge, gpu, sampling, suite
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -148,3 +148,12 @@ def test_half_precision_unet_runs_every_group_norm_in_one_dtype(monkeypatch):
     assert {torch.float16, torch.float32} == {w for _, w in calls}  # both kinds of GroupNorm were run
     assert all(x_dtype == w_dtype for x_dtype, w_dtype in calls), sorted(set(calls))
     assert out.dtype == torch.float16 and ((out.float() - full).norm() / full.norm()).item() < 1e-2
+
+
+def test_forge_benchmark_runs_every_variant_on_both_layouts_with_the_same_outputs():
+    config = suite.Config("sd15", 64, 32, 1)
+    stats = forge.run_config(config, 1)
+    assert set(stats) == {(v, layout) for v in forge.VARIANTS for layout in forge.LAYOUTS}
+    assert all(s["same"] for s in stats.values())  # each variant's output is the same on the ldm and Forge UNets
+    assert all((s["error"] == 0) == (variant == "baseline") for (variant, _), s in stats.items())
+    assert "bit-identical" in forge.table(config, stats) and "DIFFERENT" not in forge.table(config, stats)
