@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -25,7 +24,7 @@ import controlnet_double as cnd  # noqa: E402
 from models import make_unet, photo_latents  # noqa: E402
 
 import tome_core  # noqa: E402
-from benchmarks.suite import write_section  # noqa: E402
+from benchmarks.suite import Timer, write_section  # noqa: E402
 
 BEGIN, END = "<!-- controlnet:begin -->", "<!-- controlnet:end -->"
 
@@ -73,10 +72,10 @@ def measure(size: int, rounds: int, channels: int, heads: int) -> list[tuple[str
         for _ in range(rounds):
             for name, setup in setups.items():
                 setup()
-                w0, c0 = time.perf_counter(), time.process_time()
-                outputs[name] = unet(*inputs)
-                wall[name].append(time.perf_counter() - w0)
-                cpu[name].append(time.process_time() - c0)
+                with Timer(torch.device("cpu")) as timer:
+                    outputs[name] = unet(*inputs)
+                wall[name].append(timer.wall)
+                cpu[name].append(timer.cpu)
     setups["baseline"]()
     base_c = statistics.median(cpu["baseline"])
     ref = outputs["baseline"]
