@@ -325,6 +325,17 @@ def test_replaced_attn1_is_not_merged_and_is_reported(pairs, method):
     assert after_reset.notes == () and after_reset.forwards == 1
 
 
+@pytest.mark.parametrize("settings", [dict(ratio=0.0), dict(method="downsample", downsample_factor=1)])
+def test_replaced_attn1_is_not_reported_where_tome_would_not_have_changed_it(pairs, settings):
+    """Ratio 0 merges no token and ToDo with factor 1 keeps every key: a replaced attn1 loses nothing there."""
+    _, forge = pairs["sd15"]
+    x, t, ctx = inputs(2, (32, 40))
+    with patched(forge, **settings) as (patch,):
+        forge_run(forge, x, t, ctx, _replace_attn1(forge))
+        report = patch.report()
+    assert report.forwards == 1 and report.attn1_skipped == 0 and report.notes == ()
+
+
 def test_replaced_attn1_in_some_blocks_with_crossattn_merged_plans_from_the_block_input(pairs):
     """attn1 replaced (by the same attention) in the input blocks: crossattn still merges there, from a plan made
     of the block input, not of the input plus attn1's output (Forge adds it in place)."""

@@ -385,12 +385,20 @@ class Patch:
 
     def _block_post(self, block: nn.Module, args: tuple, output: Any) -> None:
         call, self.current = self.current, None
-        s = self.settings
-        if call is None or call.attn1_ran or not (s.merge_attn or s.method == "downsample"):
-            return
-        geometry = self._geometry(call.x.shape[1], warn=False)
-        if geometry is not None and geometry[0] <= self._max_downsample(geometry[0]):
+        if call is not None and not call.attn1_ran and self._acts_on_attn1(call.x.shape[1]):
             self._shortfalls.attn1_skipped.add(self._index[id(block)])
+
+    def _acts_on_attn1(self, num_tokens: int) -> bool:
+        """Whether these settings change ``attn1`` in a block of ``num_tokens`` tokens: merge it (at least one
+        token at a level up to ``max_downsample``) or downsample its keys/values (a factor above 1 there)."""
+        s = self.settings
+        geometry = self._geometry(num_tokens, warn=False)
+        if geometry is None:
+            return False
+        level = geometry[0]
+        if s.method == "downsample":
+            return self._kv_factor(level) > 1
+        return s.merge_attn and level <= self._max_downsample(level) and int(num_tokens * s.ratio) > 0
 
     def _make_sub_pre(self, block: nn.Module, name: str):
         flag = dict(_TARGETS)[name]
