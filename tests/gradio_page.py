@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gradio as gr
+from modules.gradio_extensions import GRADIO_4
 
-GRADIO_4 = int(gr.__version__.split(".")[0]) >= 4
 UPDATE_TYPES = ("update", "generic_update")
 
 

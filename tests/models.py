@@ -186,3 +186,8 @@ def make_real_unet(layout: str, seed: int = 0) -> nn.Module:
         torch.manual_seed(seed + 1)
         unet.label_emb = nn.Sequential(nn.Linear(cfg["adm_in_channels"], emb), nn.SiLU(), nn.Linear(emb, emb))
     return unet.eval().requires_grad_(False)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative difference ``|a - b| / |b|`` (Frobenius norms)."""
+    return ((a - b).norm() / b.norm()).item()

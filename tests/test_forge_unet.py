@@ -14,15 +14,11 @@ import tomesd
 import torch
 from forge_double.unet import attention_pytorch, controlnet_from_ldm, unet_from_ldm
 from generation import identical
-from models import Holder, photo_latents
+from models import Holder, photo_latents, rel
 from torch import nn
 
 import tome_core
 from tome_core.patch import find_unet, level_sizes, transformer_blocks
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
 
 
 @pytest.fixture(scope="module")

@@ -6,15 +6,11 @@ from __future__ import annotations
 import pytest
 import tomesd
 import torch
-from models import Holder, make_unet, photo_latents
+from models import Holder, make_unet, photo_latents, rel
 
 import tome_core
 from tome_core import merge as tm
 from tome_core.patch import transformer_blocks
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
 
 
 def inputs(batch=2, h=32, w=40, t=601.0, seed=0):

@@ -5,13 +5,9 @@ from __future__ import annotations
 import pytest
 import tomesd
 import torch
-from models import photo_latents
+from models import photo_latents, rel
 
 import tome_core
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).norm() / b.norm()).item()
 
 
 def run(holder, x, seed=0):
