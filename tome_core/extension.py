@@ -93,7 +93,7 @@ class PatchRegistry:
                 patch.set_progress(fraction)
 
     def shortfalls(self) -> list[str]:
-        """What the live patches could not merge (:meth:`Patch.report`), one phrase per kind and model."""
+        """What the live patches could not merge (:meth:`Patch.report`): each phrase once, whichever model said it."""
         out: list[str] = []
         for root in list(self._roots):
             patch = get_patch(root)
