@@ -24,7 +24,8 @@ import controlnet_double as cnd  # noqa: E402
 from models import make_unet, photo_latents  # noqa: E402
 
 import tome_core  # noqa: E402
-from benchmarks.suite import Timer, write_section  # noqa: E402
+from benchmarks.results import write_section  # noqa: E402
+from benchmarks.timing import Timer  # noqa: E402
 
 BEGIN, END = "<!-- controlnet:begin -->", "<!-- controlnet:end -->"
 

@@ -29,7 +29,9 @@ from forge_double.unet import unet_from_ldm  # noqa: E402
 from models import make_unet, photo_latents  # noqa: E402
 
 import tome_core  # noqa: E402
-from benchmarks.suite import RATIO, Config, Timer, ours, write_section  # noqa: E402
+from benchmarks.results import write_section  # noqa: E402
+from benchmarks.suite import RATIO, Config, ours  # noqa: E402
+from benchmarks.timing import Timer  # noqa: E402
 
 BEGIN, END = "<!-- forge:begin -->", "<!-- forge:end -->"
 CONFIGS = (Config("sd15", 512, 64, 2), Config("sd15", 1024, 32, 1), Config("sdxl", 1024, 32, 2))

@@ -25,8 +25,10 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import results as R
 from benchmarks import sampling
 from benchmarks import suite as S
+from benchmarks import timing as T
 
 BEGIN, END = "<!-- gpu:begin -->", "<!-- gpu:end -->"
 SUITE = (
@@ -134,7 +136,7 @@ def suite_table(result: S.Result, clock: str) -> str:
     for v, row in result.rows.items():
         lines.append(
             f"| {S.LABELS[v]} | {1000 * row.cpu_s:.1f} | {result.speedup(v):.2f}× | {row.error:.2e} | "
-            f"{S.mib(row.peak_bytes, 0)} |"
+            f"{R.mib(row.peak_bytes, 0)} |"
         )
     return "\n".join(lines)
 
@@ -173,12 +175,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="tiny sizes, any device: proves the command works")
     parser.add_argument("--estimate", action="store_true", help="print the FLOP-based time estimate and stop")
-    parser.add_argument("--results", type=Path, default=S.RESULTS, help="the markdown file to write the section to")
-    parser.add_argument("--runs", type=Path, default=S.RUNS, help="where the raw measurements (gpu.json) go")
+    parser.add_argument("--results", type=Path, default=R.RESULTS, help="the markdown file to write the section to")
+    parser.add_argument("--runs", type=Path, default=R.RUNS, help="where the raw measurements (gpu.json) go")
     args = parser.parse_args(argv)
     if args.estimate:
         return print(estimate())
-    device, dtype = S.device_and_dtype()
+    device, dtype = T.device_and_dtype()
     if device.type != "cuda" and not args.dry_run:
         sys.exit("no CUDA device: run this on a GPU, or use --dry-run")
     suite_configs, sizes = (DRY_SUITE, DRY_SIZES) if args.dry_run else (SUITE, SIZES)
@@ -199,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
             models.clear()  # one model on the device at a time
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-            models[key] = S.prepare(config.build(), device, dtype)
+            models[key] = T.prepare(config.build(), device, dtype)
         return models[key]
 
     # sampling first (SD1.5), then the suite's SD1.5 sizes on the same model, then SDXL
@@ -219,14 +221,14 @@ def main(argv: list[str] | None = None) -> None:
         results.append(S.run_config(config, rounds, log, S.REAL_VARIANTS, warmup_round=True, unet=model(config)))
         for v, row in results[-1].rows.items():
             log(f"  {S.LABELS[v]}: {1000 * row.cpu_s:.1f} ms / forward, peak GPU memory {mib(row.peak_bytes)}")
-    meta = S.run_meta(argparse.Namespace(threads=torch.get_num_threads()), rounds, time.perf_counter() - start)
+    meta = R.run_meta(argparse.Namespace(threads=torch.get_num_threads()), rounds, time.perf_counter() - start)
     meta |= {
         "attention": attention_backend(device),
         "sampling_rounds": sampling_rounds,
         "command": "python -m benchmarks.gpu" + (" --dry-run" if args.dry_run else ""),
         "note": "DRY RUN: tiny sizes, reduced width; the numbers mean nothing. " if args.dry_run else "",
     }
-    S.save_run_data(
+    R.save_run_data(
         "gpu",
         {"suite": [r.to_json() for r in results], "sampling": [sampling.to_json(s) for s in samples]},
         meta,
@@ -234,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     text = section(results, samples, meta)
     print(text)
-    S.write_section(text, BEGIN, END, args.results)
+    R.write_section(text, BEGIN, END, args.results)
     log(f"wrote the GPU section of {args.results}")
 
 

@@ -32,18 +32,11 @@ import tomesd
 import torch
 
 import tome_core
-from benchmarks.suite import (
-    Config,
-    Holder,
-    Timer,
-    device_and_dtype,
-    load_run_data,
-    mib,
-    prepare,
-    run_meta,
-    save_run_data,
-)
-from benchmarks.suite import write_section as _write_section
+from benchmarks import sampler as S
+from benchmarks.results import load_run_data, mib, run_meta, save_run_data
+from benchmarks.results import write_section as _write_section
+from benchmarks.suite import Config, Holder
+from benchmarks.timing import Timer, device_and_dtype, prepare
 
 BEGIN, END = "<!-- sampling:begin -->", "<!-- sampling:end -->"
 CFG_SCALE = 7.0
@@ -76,23 +69,6 @@ class SamplingResult:
         return self.its(variant) / self.its("plain")
 
 
-def timesteps(steps: int) -> torch.Tensor:
-    """The ``steps`` discrete timesteps Euler visits, evenly spaced from 999 to 0 (k-diffusion's discrete sigmas)."""
-    return torch.linspace(999, 0, steps, dtype=torch.float64)
-
-
-def sigmas(steps: int) -> list[float]:
-    """Noise levels of those timesteps (SD's scaled-linear DDPM schedule), then 0."""
-    betas = torch.linspace(0.00085**0.5, 0.012**0.5, 1000, dtype=torch.float64) ** 2
-    alphas = torch.cumprod(1 - betas, 0)
-    all_sigmas = ((1 - alphas) / alphas) ** 0.5
-    t = timesteps(steps)
-    low, frac = t.floor().long(), t - t.floor()
-    high = (low + 1).clamp(max=999)
-    log_sigma = (1 - frac) * all_sigmas[low].log() + frac * all_sigmas[high].log()
-    return [*log_sigma.exp().tolist(), 0.0]
-
-
 def switch(unet: torch.nn.Module, variant: str) -> tome_core.Patch | None:
     """Leave ``unet`` as ``variant`` wants it; returns our patch, if any."""
     tome_core.remove_patch(unet)
@@ -116,28 +92,14 @@ def switch(unet: torch.nn.Module, variant: str) -> tome_core.Patch | None:
 def sample(
     unet: torch.nn.Module,
     noise: torch.Tensor,
-    cond: torch.Tensor,
-    schedule: tuple[list[float], torch.Tensor],
+    conditioning: dict[str, torch.Tensor],
+    sigmas: list[float],
     patch: tome_core.Patch | None,
-    extra: dict[str, torch.Tensor],
 ) -> torch.Tensor:
-    """Euler with classifier-free guidance; ``cond`` holds the cond then uncond contexts, ``schedule`` the
-    sigmas and the timesteps (already on the device: nothing is copied or read back inside the loop)."""
-    sig, ts = schedule
-    steps = len(ts)
-    batch = noise.shape[0]
-    x = noise * sig[0]
-    with torch.no_grad():
-        for i in range(steps):
-            if patch is not None:
-                patch.set_progress(i / steps)  # as the WebUI script does from its denoiser callback
-            scale_in = 1 / (sig[i] ** 2 + 1) ** 0.5
-            t = ts[i].expand(2 * batch)
-            eps = unet(torch.cat([x, x]) * scale_in, t, cond, **extra)
-            eps_cond, eps_uncond = eps.chunk(2)
-            eps = eps_uncond + CFG_SCALE * (eps_cond - eps_uncond)
-            x = x + eps * (sig[i + 1] - sig[i])  # Euler: dx/dsigma = eps
-    return x
+    """Euler with classifier-free guidance (``benchmarks.sampler``'s loop); ``conditioning`` holds the cond then the
+    uncond rows; progress is reported to ``patch`` before every step, as the WebUI script does."""
+    progress = None if patch is None else (lambda i, steps: patch.set_progress(i / steps))
+    return S.sample(S.CFGDenoiser(unet, conditioning, CFG_SCALE), noise, sigmas, "euler", progress)
 
 
 def run_size(
@@ -156,16 +118,15 @@ def run_size(
     gen = torch.Generator().manual_seed(SEED)
     noise = torch.randn(config.batch, 4, side, side, generator=gen).to(device, dtype)
     ctx, extra = replace(config, batch=2 * config.batch).conditioning()  # cond + uncond
-    ctx = ctx.to(device, dtype)
-    extra = {k: v.to(device, dtype) for k, v in extra.items()}
+    conditioning = {k: v.to(device, dtype) for k, v in {"context": ctx, **extra}.items()}
     result = SamplingResult(config.px, steps, config.width)
     finals: dict[str, torch.Tensor] = {}
-    schedules = {n: (sigmas(n), timesteps(n).to(device, torch.float32)) for n in (warmup_steps, steps)}
+    schedules = {n: S.discrete_sigmas(n) for n in (warmup_steps, steps)}
     for r in range(-1, rounds):  # round -1: the warm-up, a short run of each variant
         for variant in VARIANTS:
             patch = switch(unet, variant)
             with Timer(device) as timer:
-                out = sample(unet, noise, ctx, schedules[warmup_steps if r < 0 else steps], patch, extra)
+                out = sample(unet, noise, conditioning, schedules[warmup_steps if r < 0 else steps], patch)
             if r < 0:
                 continue
             result.seconds.setdefault(variant, []).append(timer.cpu)

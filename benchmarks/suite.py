@@ -30,7 +30,6 @@ The GPU command with the sampling table is ``python -m benchmarks.gpu``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -38,7 +37,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -50,12 +48,20 @@ import tomesd.merge  # noqa: E402
 from models import REAL, Holder, make_real_unet, make_unet, photo_latents  # noqa: E402
 
 import tome_core  # noqa: E402
+from benchmarks.results import (  # noqa: E402
+    RESULTS,
+    load_run_data,
+    mib,
+    run_meta,
+    save_run_data,
+    verdict,
+    write_section,
+)
+from benchmarks.timing import Timer, device_and_dtype, prepare  # noqa: E402
 from tome_core import merge as tm  # noqa: E402
 from tome_core.alloc import AllocationTracker  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 PLOT = ROOT / "benchmarks" / "speedup.png"
-RUNS = ROOT / "benchmarks" / "runs"  # each section's raw measurements (JSON), from which it is rendered
 BEGIN, END = "<!-- suite:begin -->", "<!-- suite:end -->"
 RATIO = 0.5
 INTERVAL = 2
@@ -173,20 +179,6 @@ class Result:
         return cls(Config(**data["config"]), rows, data["tomesd_equal"])
 
 
-def save_run_data(name: str, results: list[dict] | dict, meta: dict, runs: Path | None = None) -> Path:
-    """Keep a run's raw measurements (benchmarks/runs/<name>.json): its RESULTS.md section is rendered from them."""
-    runs = runs or RUNS
-    runs.mkdir(parents=True, exist_ok=True)
-    path = runs / f"{name}.json"
-    path.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n", encoding="utf-8")
-    return path
-
-
-def load_run_data(name: str, runs: Path | None = None) -> tuple[Any, dict]:
-    data = json.loads(((runs or RUNS) / f"{name}.json").read_text(encoding="utf-8"))
-    return data["results"], data["meta"]
-
-
 def save_run(name: str, results: list[Result], meta: dict) -> Path:
     return save_run_data(name, [r.to_json() for r in results], meta)
 
@@ -194,61 +186,6 @@ def save_run(name: str, results: list[Result], meta: dict) -> Path:
 def load_run(name: str) -> tuple[list[Result], dict]:
     data, meta = load_run_data(name)
     return [Result.from_json(r) for r in data], meta
-
-
-# --- device ---------------------------------------------------------------------------------------
-
-
-def device_and_dtype() -> tuple[torch.device, torch.dtype]:
-    if torch.cuda.is_available():
-        return torch.device("cuda"), torch.float16
-    return torch.device("cpu"), torch.float32
-
-
-def prepare(unet: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """``unet`` on ``device`` in ``dtype``; in a half type, ldm's GroupNorm32 keeps float32 weights (it normalises
-    its input in float32) and every other module, the transformers' plain GroupNorm included, takes ``dtype``:
-    CUDA's group norm wants its input and weights in one dtype."""
-    from ldm.modules.diffusionmodules.util import GroupNorm32
-
-    unet = unet.to(device)
-    if dtype != torch.float32:
-        unet = unet.to(dtype)
-        unet.dtype = dtype  # ldm's use_fp16 flag, for any half type
-        for m in unet.modules():
-            if isinstance(m, GroupNorm32):
-                m.float()
-        unet.time_embed.register_forward_pre_hook(lambda m, args: (args[0].to(dtype),))
-    return unet
-
-
-class Timer:
-    """Times the ``with`` block: on CUDA with events, synchronising only at its start and end (and recording
-    the peak memory allocated inside it); on a CPU with process CPU time and wall time."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.cpu = self.wall = 0.0
-        self.peak_bytes: int | None = None
-
-    def __enter__(self) -> Timer:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self._events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            self._events[0].record()
-        self._c0, self._w0 = time.process_time(), time.perf_counter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.device.type == "cuda":
-            start, end = self._events
-            end.record()
-            end.synchronize()
-            self.cpu = self.wall = start.elapsed_time(end) / 1000  # GPU time of the block
-            self.peak_bytes = torch.cuda.max_memory_allocated()
-        else:
-            self.cpu, self.wall = time.process_time() - self._c0, time.perf_counter() - self._w0
 
 
 # --- variants -------------------------------------------------------------------------------------
@@ -381,11 +318,6 @@ def run_config(
 # --- report ---------------------------------------------------------------------------------------
 
 
-def mib(n: int | None, digits: int = 1) -> str:
-    """Bytes as MiB for a table cell; — where nothing was measured."""
-    return "—" if n is None else f"{n / 2**20:,.{digits}f}"
-
-
 def table(result: Result) -> str:
     c = result.config
     limit_gain = result.speedup("limit") - 1
@@ -467,10 +399,6 @@ def reuse_of_limit(results: list[Result]) -> tuple[list[float], list[float]]:
     speed = [r.speedup("share+interval") / r.speedup("limit") for r in big]
     gain = [(r.speedup("share+interval") - 1) / (r.speedup("limit") - 1) for r in big]
     return speed, gain
-
-
-def verdict(ok: bool) -> str:
-    return "**met**" if ok else "**NOT met**"
 
 
 def targets(results: list[Result]) -> str:
@@ -574,32 +502,6 @@ def report(results: list[Result], args: argparse.Namespace, seconds: float) -> s
         END,
     ]
     return "\n".join(parts)
-
-
-def write_section(section: str, begin: str = BEGIN, end: str = END, path: Path = RESULTS) -> None:
-    """Put ``section`` (from ``begin`` to ``end``, markers included) into ``path`` (RESULTS.md) in place of the
-    one there, or append it; the file's other sections are kept."""
-    old = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark results\n"
-    if begin in old and end in old:
-        head, rest = old.split(begin, 1)
-        new = head + section + rest.split(end, 1)[1]
-    else:
-        new = old.rstrip() + "\n\n" + section + "\n"
-    path.write_text(new, encoding="utf-8")
-
-
-def run_meta(args: argparse.Namespace, rounds: int, seconds: float) -> dict:
-    device, dtype = device_and_dtype()
-    return {
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "CPU",
-        "dtype": str(dtype).removeprefix("torch."),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "threads": args.threads,
-        "rounds": rounds,
-        "seconds": round(seconds, 1),
-        "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-    }
 
 
 def real_markers(device: str) -> tuple[str, str]:
@@ -821,7 +723,7 @@ def main(argv: list[str] | None = None) -> None:
     section = report(results, args, time.perf_counter() - start)
     print(issue2_table(results))
     if not args.no_write and not args.quick:  # the quick subset only prints: RESULTS.md holds the full run
-        write_section(section)
+        write_section(section, BEGIN, END)
         plot(results)
         print(f"wrote {RESULTS.relative_to(ROOT)} and {PLOT.relative_to(ROOT)}")
 

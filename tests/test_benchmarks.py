@@ -18,7 +18,7 @@ from models import make_unet
 from test_host_reads import host_reads
 
 import tome_core
-from benchmarks import forge, gpu, sampling, suite
+from benchmarks import forge, gpu, sampler, sampling, suite, timing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,11 +83,11 @@ def _table(text: str, header: str) -> tuple[list[str], dict[str, list[str]]]:
 
 
 def test_euler_schedule_is_sds_discrete_sigmas():
-    sig = sampling.sigmas(20)
+    sig = sampler.discrete_sigmas(20)
     assert len(sig) == 21 and sig[-1] == 0.0
     assert sig[0] == pytest.approx(14.6146, abs=1e-4) and sig[-2] == pytest.approx(0.0292, abs=1e-4)
     assert all(a > b for a, b in itertools.pairwise(sig))
-    assert sampling.timesteps(20)[0] == 999 and sampling.timesteps(20)[-1] == 0
+    assert sampler.sigma_to_t(sig[0]) == pytest.approx(999) and sampler.sigma_to_t(sig[-2]) == pytest.approx(0)
 
 
 def test_sampling_loop_reports_progress_every_step_and_reads_nothing_back():
@@ -97,15 +97,14 @@ def test_sampling_loop_reports_progress_every_step_and_reads_nothing_back():
     report = patch.set_progress
     patch.set_progress = lambda f: (seen.append(f), report(f))
     noise = torch.randn(1, 4, 16, 16, generator=torch.Generator().manual_seed(0))
-    ctx = torch.randn(2, 7, 64, generator=torch.Generator().manual_seed(1))
-    steps = 3
-    schedule = (sampling.sigmas(steps), sampling.timesteps(steps).float())
+    conditioning = {"context": torch.randn(2, 7, 64, generator=torch.Generator().manual_seed(1))}
+    sigmas = sampler.discrete_sigmas(3)
     with host_reads() as counts:
-        out = sampling.sample(unet, noise, ctx, schedule, patch, {})
+        out = sampling.sample(unet, noise, conditioning, sigmas, patch)
     assert seen == [0, 1 / 3, 2 / 3] and not counts and patch.plans_computed > 0
     sampling.switch(unet, "plain")
     assert tome_core.get_patch(unet) is None
-    plain = sampling.sample(unet, noise, ctx, schedule, None, {})
+    plain = sampling.sample(unet, noise, conditioning, sigmas, None)
     assert out.shape == plain.shape and 0 < ((out - plain).norm() / plain.norm()).item() < 0.2
 
 
@@ -128,7 +127,7 @@ def test_real_widths_are_the_shipped_architectures():
 
 
 def test_half_precision_unet_runs_every_group_norm_in_one_dtype(monkeypatch):
-    """``suite.prepare`` in float16 (the CUDA path): CUDA's group norm kernel takes input and weights of one dtype
+    """``timing.prepare`` in float16 (the CUDA path): CUDA's group norm kernel takes input and weights of one dtype
     only, so no call may mix them; the half model's output stays that of the float32 one."""
     calls = []
     group_norm = torch.nn.functional.group_norm
@@ -142,7 +141,7 @@ def test_half_precision_unet_runs_every_group_norm_in_one_dtype(monkeypatch):
     t, ctx = torch.full((2,), 601.0), torch.randn(2, 77, 64, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = unet(x, t, ctx)
-        half = suite.prepare(unet, torch.device("cpu"), torch.float16)
+        half = timing.prepare(unet, torch.device("cpu"), torch.float16)
         monkeypatch.setattr(torch.nn.functional, "group_norm", recording)
         out = half(x.half(), t, ctx.half())
     assert {torch.float16, torch.float32} == {w for _, w in calls}  # both kinds of GroupNorm were run
