@@ -1,0 +1,116 @@
+"""Where a UNet call sits in the sampling: the per-call context that token merging and the step cache share.
+
+Every patched UNet call is placed once, in the root's forward pre-hook (:meth:`StepClock.begin`): its latent size
+and batch, its step (from the progress the caller reports with :meth:`StepClock.set_progress`, as the WebUI script
+does every step; else from the call's timestep), its number within that step (cond and uncond called separately,
+or extra guidance passes such as SAG/PAG, each have their own), and Forge's ``cond_or_uncond`` chunk when the host
+says it. A reported progress smaller than the last one, or a timestep larger than the last one, starts a new pass
+(hires fix, img2img, the next generation).
+
+With progress reported nothing is read back from the device; without it the timestep is read as a Python number
+(one device-to-host read per call), and only when the caller asks for it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Call:
+    """One UNet call, placed in the sampling."""
+
+    size: tuple[int, int] | None  # the latent's height and width
+    batch: int | None
+    progress: float | None  # fraction of the pass's steps done: reported, else 1 - t / 1000, else unknown
+    key: float | None  # what tells steps apart: the reported progress, else the timestep; None: unknown
+    step: int  # the step's number since the pass began (0: its first)
+    index: int  # the call's number within its step
+    restarted: bool  # this call began a new pass (or its step is unknown): anything kept from before is stale
+    steps: int | None = None  # the pass's number of steps, when the caller reports it
+    chunk: tuple[int, ...] | None = None  # Forge's ``transformer_options["cond_or_uncond"]``
+
+    @property
+    def last(self) -> bool:
+        """Whether this is the pass's last step (known only when the step count is reported)."""
+        return self.steps is not None and self.step >= self.steps - 1
+
+
+def _timestep_value(timesteps: Any) -> float | None:
+    """The call's first timestep as a number, if it has one."""
+    if isinstance(timesteps, torch.Tensor) and timesteps.numel():
+        return float(timesteps.flatten()[0])
+    if isinstance(timesteps, (int, float)):
+        return float(timesteps)
+    return None
+
+
+def call_arg(module: nn.Module, args: tuple, kwargs: dict, name: str) -> Any:
+    """The value of ``name`` in a call of ``module.forward``, whether passed by keyword or position."""
+    if name in kwargs:
+        return kwargs[name]
+    try:
+        params = list(inspect.signature(module.forward).parameters)
+    except (TypeError, ValueError):
+        return None
+    pos = params.index(name) if name in params else -1
+    return args[pos] if 0 <= pos < len(args) else None
+
+
+def _chunk(kwargs: dict) -> tuple[int, ...] | None:
+    options = kwargs.get("transformer_options")
+    chunk = options.get("cond_or_uncond") if isinstance(options, dict) else None
+    try:
+        return None if chunk is None else tuple(int(c) for c in chunk)
+    except (TypeError, ValueError):
+        return None
+
+
+class StepClock:
+    """Numbers the sampling steps of one patched UNet and the calls within each step."""
+
+    def __init__(self) -> None:
+        self.progress: float | None = None
+        self.steps: int | None = None
+        self.call: Call | None = None  # the call running now (or the last one)
+        self._key: float | None = None
+        self._step = 0
+        self._index = 0
+
+    def set_progress(self, fraction: float | None, steps: int | None = None) -> None:
+        """Report sampling progress (0 at the first step, 1 at the end; ``None`` when unknown) and, if known, the
+        pass's number of steps (the step cache keeps the last one full)."""
+        self.progress = None if fraction is None else float(fraction)
+        self.steps = None if steps is None else int(steps)
+
+    def begin(self, module: nn.Module, args: tuple, kwargs: dict, read_timestep: bool) -> Call:
+        """Place the call starting now (the root's forward pre-hook). Without reported progress the timestep is
+        read only if ``read_timestep`` (else every call counts as a new, unknown step)."""
+        x = args[0] if args else kwargs.get("x")
+        size = batch = None
+        if isinstance(x, torch.Tensor) and x.dim() == 4:
+            size, batch = (int(x.shape[2]), int(x.shape[3])), int(x.shape[0])
+        reported = self.progress is not None
+        if reported:
+            key = progress = self.progress
+        elif read_timestep:
+            key = _timestep_value(call_arg(module, args, kwargs, "timesteps"))
+            progress = None if key is None else 1.0 - key / 1000.0
+        else:
+            key = progress = None
+        restarted = False
+        if key is None or key != self._key:
+            restarted = key is None or self._key is None or (key < self._key if reported else key > self._key)
+            self._step = 0 if restarted else self._step + 1
+            self._key = key
+            self._index = 0
+        else:
+            self._index += 1
+        steps = self.steps if reported else None
+        self.call = Call(size, batch, progress, key, self._step, self._index, restarted, steps, _chunk(kwargs))
+        return self.call
