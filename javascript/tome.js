@@ -12,14 +12,20 @@
         "merge_crossattn": "Also merge before cross-attention (little gain, some quality loss).",
         "merge_mlp": "Also merge before the feed-forward layer (little gain, noticeable quality loss).",
         "hires_ratio": "Merge ratio of the hires. fix pass, where ToMe gains most; 0 (the default) uses the merge ratio. At most 1 - 1/(stride x * stride y).",
-        "min_size": "ToMe stays off for a pass whose shorter image side is below this many pixels (e.g. 768: only the hires. fix pass is merged); 0 (the default): always on. The gain is nil around 512 px.",
+        "min_size": "Token merging stays off for a pass whose shorter image side is below this many pixels (e.g. 768: only the hires. fix pass is merged; the step cache still runs); 0 (the default): always on. The gain is nil around 512 px.",
         "merge_controlnet": "Also merge tokens inside the active ControlNet models, with the same settings.",
         "method": "merge: the paper's token merging (ratio, strides, random destinations, merge targets, plan reuse). downsample: keep every query, downsample keys and values by the downsample factor (ToDo); faster and more faithful, recommended for SDXL and 1024 px and more.",
         "downsample_factor": "downsample method only: keys and values are subsampled by this factor per side at the highest-resolution level with transformer blocks, halved per level below it.",
         "start": "ToMe is active from this fraction of the sampling steps on (0: from the first step).",
         "end": "ToMe is active until this fraction of the sampling steps (e.g. 0.7: off for the last 30%, which draw fine detail).",
         "share_plan": "Compute the merge plan once per UNet level and forward, and reuse it in that level's other blocks (faster, slightly less faithful).",
-        "plan_interval": "Recompute the merge plans every this many sampling steps and reuse them in between (1: every step, exact)."
+        "plan_interval": "Recompute the merge plans every this many sampling steps and reuse them in between (1: every step, exact).",
+        "cache": "Reuse the UNet's deep features between steps (DeepCache): every N-th step runs in full, the steps between run only the shallowest skip branch. Stacks with token merging; with ratio 0 it runs alone.",
+        "cache_interval": "Run the full UNet every this many steps and reuse its deep features in between (1: every step is full, no caching). Higher is faster and less faithful.",
+        "cache_branch": "The skip branch that keeps running on cached steps: 0 (the default) is the shallowest and fastest; deeper branches run more of the UNet (more faithful, slower). SD1/SD2 have 12 branches, SDXL 9.",
+        "cache_start": "Cached steps may occur from this fraction of the sampling on; before it every step is full (the first step always is).",
+        "cache_end": "Cached steps may occur until this fraction of the sampling; after it every step is full (the last step always is).",
+        "hires_cache_interval": "Cache interval of the hires. fix pass; 0 (the default) uses the cache interval."
     };
     function addTitles() {
         for (const tab of ['txt2img', 'img2img']) {

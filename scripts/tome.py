@@ -37,6 +37,7 @@ RUN_ATTR = "tome_run"
 FIRST_VIEW: tuple[tuple[str, ...], ...] = (
     ("ratio", "hires_ratio"),
     ("method", "max_downsample"),
+    ("cache",),
 )
 """Rows shown when the accordion opens: what most people set."""
 ADVANCED: tuple[tuple[str, ...], ...] = (
@@ -47,12 +48,14 @@ ADVANCED: tuple[tuple[str, ...], ...] = (
     ("start", "end"),
     ("min_size", "downsample_factor"),
     ("merge_controlnet",),
+    ("cache_interval", "hires_cache_interval"),
+    ("cache_start", "cache_end", "cache_branch"),
 )
 """Rows of the closed "Advanced" accordion inside: every other setting."""
 LAYOUT = FIRST_VIEW + ADVANCED
 SCALE = {"method": 2, "max_downsample": 3}
 """Relative widths in a row (default 1): the five choices of max downsample stay on one line at a 600 px column."""
-ADVANCED_LABEL = "Advanced: strides, random seed, merge targets, plan reuse, schedule"
+ADVANCED_LABEL = "Advanced: strides, random seed, merge targets, plan reuse, schedule, step cache"
 INTRO = "Gains start around 1024 px: use it for large images and the hires. fix pass. Hover a control for details."
 NOTE_CLASS = "tome-note"  # style.css
 CAPPED = ("ratio", "hires_ratio")
@@ -215,14 +218,16 @@ class ToMeScript(scripts.Script):
         _unpatch(run)
         x = kwargs.get("x")
         height, width = (int(x.shape[-2]) * 8, int(x.shape[-1]) * 8) if x is not None else (p.height, p.width)
+        seeds = getattr(p, "seeds", None)
+        settings = run.pass_settings(seeds[0] if seeds else getattr(p, "seed", None), hires)
         if run.too_small(width, height):
             run.note(
                 f"{'hires' if hires else 'first'} pass {width}x{height} is below the minimum size {run.settings.min_size} px: not merged"
             )
-            _write_note(p, run)
-            return
-        seeds = getattr(p, "seeds", None)
-        settings = run.pass_settings(seeds[0] if seeds else getattr(p, "seed", None), hires)
+            if not settings.caches:
+                _write_note(p, run)
+                return
+            settings = settings.replace(ratio=0.0, method="merge")  # the step cache alone
         if not _patch(p, run, settings, _pass_models(p, run, settings)):
             return
         if settings.use_rand:
@@ -261,11 +266,12 @@ def _unpatch(run: ext.Run) -> None:
 
 
 def _patch(p: Any, run: ext.Run, settings: S.ToMeSettings, models: list[Any]) -> bool:
-    """Patch ``models`` (the model that samples, control models); all or nothing: on an error every patch is
-    removed and the error reported, not raised."""
+    """Patch ``models`` (the model that samples, control models: those merge only, a control model is no UNet to
+    cache); all or nothing: on an error every patch is removed and the error reported, not raised."""
+    control = settings.replace(cache=False)
     try:
         for model in models:
-            registry.apply(model, settings)
+            registry.apply(model, settings if model is shared.sd_model else control)
     except Exception as error:  # never leave a half-patched model behind
         _unpatch(run)
         _report(p, ext.describe_error(error))
@@ -295,7 +301,7 @@ def _on_cfg_denoiser(params: Any) -> None:
             models += [m for m in control if not registry.patched(m)]
             if models:
                 _patch(p, run, settings, models)
-    registry.set_progress(ext.sampling_progress(params))
+    registry.set_progress(*ext.sampling_position(params))
 
 
 def _on_infotext_pasted(infotext: str, params: dict[str, Any]) -> None:

@@ -117,7 +117,7 @@ def test_first_view_and_a_labelled_advanced_group(webui, tab):
     inside_advanced = {id(b) for b in _descendants(advanced[0])}
     in_accordion = {id(b) for b in _descendants(accordion)}
     first = {name for row in module.FIRST_VIEW for name in row}
-    assert first == {"ratio", "hires_ratio", "method", "max_downsample"}
+    assert first == {"ratio", "hires_ratio", "method", "max_downsample", "cache"}
     assert sorted(name for row in module.LAYOUT for name in row) == sorted(set(S.NAMES) - {"enabled"})
     for name, c in got.items():
         if name == "enabled":
@@ -331,6 +331,12 @@ def test_xyz_axis_labels_never_change():
         "[ToMe] End at (fraction of steps)",
         "[ToMe] Share plan within a level",
         "[ToMe] Recompute plan every N steps",
+        "[ToMe] Step cache",
+        "[ToMe] Cache interval",
+        "[ToMe] Cache branch",
+        "[ToMe] Cache start (fraction of steps)",
+        "[ToMe] Cache end (fraction of steps)",
+        "[ToMe] Hires. fix cache interval (0 = same)",
     ]
 
 

@@ -42,8 +42,9 @@ def seed_for(settings: ToMeSettings, image_seed: int | None) -> int:
     return int(image_seed) % 2**32
 
 
-def sampling_progress(params: Any) -> float:
-    """Fraction of the pass's sampling steps done when the denoiser is called (``CFGDenoiserParams``).
+def sampling_position(params: Any) -> tuple[float, int]:
+    """Fraction of the pass's sampling steps done when the denoiser is called (``CFGDenoiserParams``), and the
+    pass's number of steps.
 
     The step index comes from the denoiser's own call count (``step``, ``steps``, ``total_steps``: the
     count the WebUI's ``skip_early_cond`` uses; ``total_steps`` is twice ``steps`` for second-order
@@ -53,9 +54,14 @@ def sampling_progress(params: Any) -> float:
     denoiser = getattr(params, "denoiser", None)
     calls, steps, total = (getattr(denoiser, name, None) for name in ("step", "steps", "total_steps"))
     if all(isinstance(v, int) for v in (calls, steps, total)) and 0 < steps <= total:
-        return min(calls // (total // steps) / steps, 1.0)
+        return min(calls // (total // steps) / steps, 1.0), steps
     total = max(int(getattr(params, "total_sampling_steps", 0) or 0), 1)
-    return min(int(params.sampling_step) / total, 1.0)
+    return min(int(params.sampling_step) / total, 1.0), total
+
+
+def sampling_progress(params: Any) -> float:
+    """Fraction of the pass's sampling steps done when the denoiser is called (see :func:`sampling_position`)."""
+    return sampling_position(params)[0]
 
 
 # --- per-generation state ---------------------------------------------------------------------------
@@ -85,12 +91,13 @@ class PatchRegistry:
         root = find_unet(model)
         return root is not None and root in self._roots and get_patch(root) is not None
 
-    def set_progress(self, fraction: float | None) -> None:
-        """Report sampling progress to every live patch (the step schedule and plan reuse read it)."""
+    def set_progress(self, fraction: float | None, steps: int | None = None) -> None:
+        """Report sampling progress (and the pass's step count) to every live patch: the step schedule, plan reuse
+        and the step cache read it."""
         for root in list(self._roots):
             patch = get_patch(root)
             if patch is not None:
-                patch.set_progress(fraction)
+                patch.set_progress(fraction, steps)
 
     def shortfalls(self) -> list[str]:
         """What the live patches could not merge (:meth:`Patch.report`): each phrase once, whichever model said it."""
@@ -116,10 +123,12 @@ class Run:
     notes: list[str] = field(default_factory=list)
 
     def pass_settings(self, image_seed: int | None, hires: bool) -> ToMeSettings:
-        """Settings for one sampling pass: the hires ratio in the hires pass, the seed actually used."""
+        """Settings for one sampling pass: the hires ratio and cache interval in the hires pass, the seed actually
+        used."""
         s = self.settings
         ratio = s.hires_ratio if hires and s.hires_ratio > 0 else s.ratio
-        return s.replace(ratio=ratio, seed=seed_for(s, image_seed))
+        interval = s.hires_cache_interval if hires and s.hires_cache_interval > 0 else s.cache_interval
+        return s.replace(ratio=ratio, cache_interval=interval, seed=seed_for(s, image_seed))
 
     def too_small(self, width: int, height: int) -> bool:
         return 0 < min(width, height) < self.settings.min_size

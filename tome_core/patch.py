@@ -20,7 +20,7 @@ on the instance (ControlNet's reference-only) keep working:
 
 Step schedule: the patch is active while ``start <= progress < end`` (``end == 1`` includes the last
 step). ``progress`` is what the caller reports through :meth:`Patch.set_progress` (the WebUI script:
-step index / steps of the sampling pass, see ``extension.sampling_progress``; the hires pass restarts
+step index / steps of the sampling pass, see ``extension.sampling_position``; the hires pass restarts
 at 0); when nothing was reported it is derived from the UNet call's timestep as ``1 - t / 1000`` (a
 1000-step DDPM schedule). An inactive call touches nothing, so it is bit-identical to the unpatched model.
 
@@ -31,6 +31,10 @@ the UNet calls of one step are numbered, so separate cond and uncond calls each 
 
 Any call whose token count does not fit the recorded geometry runs unmerged (warned once).
 
+With ``cache`` on (and ``cache_interval`` above 1) the patch also carries a step cache (:mod:`tome_core.cache`,
+DeepCache), placed per call by the same :class:`~tome_core.steps.StepClock`; both are applied and removed together.
+Token merging then acts on full steps and on the shallow path that cached steps still run.
+
 Where the patch cannot act, :meth:`Patch.report` says so: a module without transformer blocks (Forge's Flux,
 SD3, Chroma: patched with no hooks at all), blocks whose ``attn1`` never ran (replaced through Forge's
 ``patches_replace``), ``attn1`` calls reduced to query merging or left without ToDo, blocks that did not fit.
@@ -38,7 +42,6 @@ SD3, Chroma: patched with no hooks at all), blocks whose ``attn1`` never ran (re
 
 from __future__ import annotations
 
-import inspect
 import logging
 import struct
 from collections.abc import Iterator, Mapping
@@ -49,7 +52,9 @@ import torch
 from torch import nn
 
 from . import merge as tm
+from .cache import CacheReport, StepCache
 from .settings import ToMeSettings
+from .steps import StepClock
 
 log = logging.getLogger("tome_core")
 
@@ -127,34 +132,13 @@ def _bits(value: float | None) -> int:
     return 0 if value is None else struct.unpack("<q", struct.pack("<d", value))[0]
 
 
-def _timestep_value(timesteps: Any) -> float | None:
-    """The call's first timestep as a number, if it has one."""
-    if isinstance(timesteps, torch.Tensor) and timesteps.numel():
-        return float(timesteps.flatten()[0])
-    if isinstance(timesteps, (int, float)):
-        return float(timesteps)
-    return None
-
-
-def _call_arg(module: nn.Module, args: tuple, kwargs: dict, name: str) -> Any:
-    """The value of ``name`` in a call of ``module.forward``, whether passed by keyword or position."""
-    if name in kwargs:
-        return kwargs[name]
-    try:
-        params = list(inspect.signature(module.forward).parameters)
-    except (TypeError, ValueError):
-        return None
-    pos = params.index(name) if name in params else -1
-    return args[pos] if 0 <= pos < len(args) else None
-
-
 @dataclass
 class _BlockCall:
     """One running transformer block: its input and, once needed, its merge plan."""
 
     block: nn.Module
     x: torch.Tensor
-    ordinal: int
+    ordinal: int  # the block's index in ``Patch.blocks``: its plan slot and partition key
     plan: tm.MergePlan | None = None
     planned: bool = False
     attn1_ran: bool = False
@@ -174,6 +158,7 @@ class MergeReport:
       ``attn1_patch``, e.g. ControlLLLite): only the queries were merged there.
     * ``todo_off``: the same with ``method="downsample"``: keys/values were left as given, no ToDo there.
     * ``unfit``: blocks that ran unmerged because their token count did not fit the latent size (warned).
+    * ``cache``: the step cache's report (calls run in full and cached, where it stepped aside), when it is on.
     """
 
     blocks: int
@@ -182,12 +167,14 @@ class MergeReport:
     query_only: int = 0
     todo_off: int = 0
     unfit: int = 0
+    cache: CacheReport | None = None  # the step cache's calls and notes, when it is on
 
     @property
     def notes(self) -> tuple[str, ...]:
         """Short, host-independent phrases, one per kind of shortfall (empty when there is none)."""
+        cache = self.cache.notes if self.cache is not None else ()
         if self.blocks == 0:
-            return ("no UNet transformer blocks in this model: nothing merged",)
+            return ("no UNet transformer blocks in this model: nothing merged", *cache)
         of = f"of {self.blocks} blocks"
         counts = (
             (
@@ -198,7 +185,7 @@ class MergeReport:
             (self.todo_off, f"no token downsampling in {self.todo_off} {of} (an attn1 patch set keys/values)"),
             (self.unfit, f"{self.unfit} {of} unmerged (token count does not fit the latent size)"),
         )
-        return tuple(text for count, text in counts if count)
+        return (*(text for count, text in counts if count), *cache)
 
 
 @dataclass
@@ -224,20 +211,16 @@ class Patch:
     def __init__(self, root: nn.Module, settings: ToMeSettings):
         self.root = root
         self.settings = settings
+        self.clock = StepClock()
         self.size: tuple[int, int] | None = None
-        self.progress: float | None = None  # fraction of the sampling steps done, when the caller reports it
         self.active = True  # whether the current UNet call is inside the step schedule
         self.forward_key = 0
-        self.ordinal = 0
         self.current: _BlockCall | None = None
         self.plans_computed = 0  # merge plans computed so far (plan reuse is measured by it)
         self.freeze_plans = False  # measurement aid: reuse every cached plan forever (the benchmark's "limit")
         self._active: dict[int, tm.MergePlan] = {}
         self._partitions: dict[tuple, tm.Partition] = {}
         self._plans: dict[tuple, _CachedPlan] = {}
-        self._step_key: float | None = None
-        self._step = 0
-        self._call_in_step = 0
         self._warned: set[str] = set()
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self.blocks = list(transformer_blocks(root))
@@ -245,6 +228,7 @@ class Patch:
         self._shortfalls = _Shortfalls()
         self._plans_in_block_pre = settings.method == "merge" and (settings.merge_crossattn or settings.merge_mlp)
         self.auto_downsample = self._auto_downsample()
+        self.cache = StepCache(root, settings) if settings.caches else None  # SettingsError before any hook
         self._install()
 
     # --- configuration ------------------------------------------------------------------------
@@ -275,12 +259,18 @@ class Patch:
         md = self.settings.max_downsample
         return self._highest_level(level_downsample) if md == "auto" else int(md)
 
-    def set_progress(self, fraction: float | None) -> None:
-        """Report sampling progress (0 at the first step, 1 at the end); ``None`` when unknown.
+    @property
+    def progress(self) -> float | None:
+        """The sampling progress last reported (:meth:`set_progress`), or None."""
+        return self.clock.progress
+
+    def set_progress(self, fraction: float | None, steps: int | None = None) -> None:
+        """Report sampling progress (0 at the first step, 1 at the end; ``None`` when unknown) and, if known, the
+        pass's number of steps.
 
         A sampling pass reports its steps in order; a smaller value starts a new pass (hires fix, the
         next generation), which also drops the plans kept for reuse."""
-        self.progress = None if fraction is None else float(fraction)
+        self.clock.set_progress(fraction, steps)
 
     def _in_schedule(self, progress: float | None) -> bool:
         s = self.settings
@@ -295,13 +285,15 @@ class Patch:
 
     # --- hooks ------------------------------------------------------------------------------------
     def _install(self) -> None:
-        """Register every hook, or none: a failure part-way removes those already registered. A module
-        without transformer blocks gets none (there is nothing to merge; :meth:`report` says so)."""
-        if not self.blocks:
+        """Register every hook (and the step cache), or none: a failure part-way removes those already registered.
+        The blocks get token merging's hooks only where it has something to do (:attr:`ToMeSettings.merges`); the
+        root's hook counts the forwards either way. :meth:`report` says where there was nothing to merge."""
+        merges = bool(self.blocks) and self.settings.merges
+        if not self.blocks and self.cache is None:
             return
         try:
             self._handles.append(self.root.register_forward_pre_hook(self._root_pre, with_kwargs=True))
-            for block in self.blocks:
+            for block in self.blocks if merges else ():
                 self._handles.append(block.register_forward_pre_hook(self._block_pre, with_kwargs=True))
                 self._handles.append(block.register_forward_hook(self._block_post))
                 for name, _flag in _TARGETS:
@@ -309,6 +301,8 @@ class Patch:
                     pre = self._make_sub_pre(block, name)
                     self._handles.append(sub.register_forward_pre_hook(pre, with_kwargs=True))
                     self._handles.append(sub.register_forward_hook(self._sub_post))
+            if self.cache is not None:
+                self.cache.install()
         except BaseException:
             self.remove()
             raise
@@ -317,14 +311,16 @@ class Patch:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self.cache is not None:
+            self.cache.remove()
         self.current = None
         self._active.clear()
         if self.root.__dict__.get(_ATTR) is self:
             del self.root.__dict__[_ATTR]
 
     def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        """Start of a UNet call: record the latent size; place the call in the sampling (schedule, step
-        number, and the key of its random partitions).
+        """Start of a UNet call: place it in the sampling (:class:`~tome_core.steps.StepClock`: latent size, step,
+        the call's number within its step) and set the schedule and the key of its random partitions.
 
         With progress reported (:meth:`set_progress`, as the WebUI script does every step) all of that
         comes from the reported value and the call reads nothing back from the device: no host
@@ -333,53 +329,31 @@ class Patch:
         Either key is shared by the cond and uncond calls of one step and is the same in every process.
         """
         self._shortfalls.forwards += 1
-        x = args[0] if args else kwargs.get("x")
-        if isinstance(x, torch.Tensor) and x.dim() == 4:
-            self.size = (int(x.shape[2]), int(x.shape[3]))
-        self.ordinal = 0
+        call = self.clock.begin(module, args, kwargs, read_timestep=self._needs_timestep)
+        if call.size is not None:
+            self.size = call.size
         self.current = None
         self._active.clear()
-        reported = self.progress is not None
-        if reported:
-            key = progress = self.progress
-        elif self._needs_timestep:
-            key = _timestep_value(_call_arg(module, args, kwargs, "timesteps"))
-            progress = None if key is None else 1.0 - key / 1000.0
-        else:
-            key = progress = None
-        self.active = self._in_schedule(progress)
-        self._count_step(key, reported=reported)
+        self.active = self._in_schedule(call.progress)
+        if call.restarted and not self.freeze_plans:
+            self._plans.clear()
         if self.settings.use_rand:
-            self.forward_key = _mix(self.seed, _bits(key))
+            self.forward_key = _mix(self.seed, _bits(call.key))
+        if self.cache is not None:
+            self.cache.begin(call)
 
     @property
     def _needs_timestep(self) -> bool:
-        """Whether a call without reported progress has to read its timestep."""
+        """Whether a call without reported progress has to read its timestep (never when nothing merges or caches)."""
         s = self.settings
-        return s.use_rand or self._caches_plans or s.start > 0 or s.end < 1
-
-    def _count_step(self, key: float | None, reported: bool) -> None:
-        """Number the sampling steps and the UNet calls within one step (plan reuse reads both)."""
-        if key is None or key != self._step_key:
-            restarted = (
-                key is None or self._step_key is None or (key < self._step_key if reported else key > self._step_key)
-            )
-            if restarted:
-                self._step = 0
-                if not self.freeze_plans:
-                    self._plans.clear()
-            else:
-                self._step += 1
-            self._step_key = key
-            self._call_in_step = 0
-        else:
-            self._call_in_step += 1
+        if s.caches:
+            return True
+        return s.merges and (s.use_rand or self._caches_plans or s.start > 0 or s.end < 1)
 
     def _block_pre(self, block: nn.Module, args: tuple, kwargs: dict) -> None:
         x = args[0] if args else kwargs.get("x")
         ok = self.active and isinstance(x, torch.Tensor) and x.dim() == 3
-        self.current = _BlockCall(block, x, self.ordinal) if ok else None
-        self.ordinal += 1
+        self.current = _BlockCall(block, x, self._index[id(block)]) if ok else None
         if self.current is not None and self._plans_in_block_pre:
             self._plan(self.current)  # before the block adds into x in place (Forge, ComfyUI)
 
@@ -493,14 +467,16 @@ class Patch:
         s = self.settings
         n, b = call.x.shape[1], call.x.shape[0]
         slot = ("level", n) if s.share_plan else ("block", call.ordinal)
-        key = (0 if self.freeze_plans else self._call_in_step, *slot)
+        call_in_step = self.clock.call.index if self.clock.call is not None else 0
+        key = (0 if self.freeze_plans else call_in_step, *slot)
         cached = self._plans.get(key)
         fits = cached is not None and cached.plan.num_tokens == n and cached.plan.batch == b
-        if fits and (self.freeze_plans or self._step - cached.step < s.plan_interval):
+        step = self.clock.call.step if self.clock.call is not None else 0
+        if fits and (self.freeze_plans or step - cached.step < s.plan_interval):
             return cached.plan
         plan = self._make_plan(call.x, call.ordinal)
         if plan is not None:
-            self._plans[key] = _CachedPlan(self._step, plan)
+            self._plans[key] = _CachedPlan(step, plan)
         return plan
 
     def _geometry(self, num_tokens: int, warn: bool = True) -> tuple[int, int, int] | None:
@@ -559,6 +535,7 @@ class Patch:
             query_only=len(f.query_only),
             todo_off=len(f.todo_off),
             unfit=len(f.unfit),
+            cache=None if self.cache is None else self.cache.report(),
         )
 
     def reset_report(self) -> None:

@@ -177,7 +177,7 @@ class ToMeSettings:
         minimum=0,
         maximum=8192,
         step=8,
-        hint="ToMe stays off for a pass whose shorter image side is below this many pixels (e.g. 768: only the hires. fix pass is merged); 0 (the default): always on. The gain is nil around 512 px.",
+        hint="Token merging stays off for a pass whose shorter image side is below this many pixels (e.g. 768: only the hires. fix pass is merged; the step cache still runs); 0 (the default): always on. The gain is nil around 512 px.",
         axis="Minimum size (px, 0 = always)",
     )
 
@@ -253,6 +253,69 @@ class ToMeSettings:
         method="merge",
     )
 
+    cache: bool = _spec(
+        False,
+        kind="bool",
+        label="Step cache (DeepCache)",
+        infotext="ToMe cache",
+        hint="Reuse the UNet's deep features between steps (DeepCache): every N-th step runs in full, the steps between run only the shallowest skip branch. Stacks with token merging; with ratio 0 it runs alone.",
+        axis="Step cache",
+    )
+    cache_interval: int = _spec(
+        3,
+        kind="int",
+        label="Cache interval (steps)",
+        infotext="ToMe cache interval",
+        minimum=1,
+        maximum=10,
+        step=1,
+        hint="Run the full UNet every this many steps and reuse its deep features in between (1: every step is full, no caching). Higher is faster and less faithful.",
+        axis="Cache interval",
+    )
+    cache_branch: int = _spec(
+        0,
+        kind="int",
+        label="Cache branch",
+        infotext="ToMe cache branch",
+        minimum=0,
+        maximum=11,
+        step=1,
+        hint="The skip branch that keeps running on cached steps: 0 (the default) is the shallowest and fastest; deeper branches run more of the UNet (more faithful, slower). SD1/SD2 have 12 branches, SDXL 9.",
+    )
+    cache_start: float = _spec(
+        0.0,
+        kind="float",
+        label="Cache start (fraction)",
+        infotext="ToMe cache start",
+        minimum=0.0,
+        maximum=1.0,
+        step=0.01,
+        hint="Cached steps may occur from this fraction of the sampling on; before it every step is full (the first step always is).",
+        axis="Cache start (fraction of steps)",
+    )
+    cache_end: float = _spec(
+        1.0,
+        kind="float",
+        label="Cache end (fraction)",
+        infotext="ToMe cache end",
+        minimum=0.0,
+        maximum=1.0,
+        step=0.01,
+        hint="Cached steps may occur until this fraction of the sampling; after it every step is full (the last step always is).",
+        axis="Cache end (fraction of steps)",
+    )
+    hires_cache_interval: int = _spec(
+        0,
+        kind="int",
+        label="Hires. fix cache interval",
+        infotext="ToMe hires cache interval",
+        minimum=0,
+        maximum=10,
+        step=1,
+        hint="Cache interval of the hires. fix pass; 0 (the default) uses the cache interval.",
+        axis="Hires. fix cache interval (0 = same)",
+    )
+
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             object.__setattr__(self, f.name, coerce(f.name, getattr(self, f.name)))
@@ -260,12 +323,29 @@ class ToMeSettings:
         self.check_ratio(self.hires_ratio, "hires_ratio")
         if self.end <= self.start:
             raise SettingsError("end", self.end, f"greater than start ({self.start:g}) and at most 1")
+        if self.cache_end <= self.cache_start:
+            raise SettingsError(
+                "cache_end", self.cache_end, f"greater than cache_start ({self.cache_start:g}) and at most 1"
+            )
 
     # --- derived values -------------------------------------------------------------------------
     @property
     def ratio_cap(self) -> float:
         """The largest ratio these settings' strides allow."""
         return ratio_cap(self.sx, self.sy)
+
+    @property
+    def merges(self) -> bool:
+        """Whether token merging changes anything: a ratio above 0 with a merge target, or ToDo with a factor
+        above 1 (``ratio = 0`` with the step cache on gives the cache alone)."""
+        if self.method == "downsample":
+            return self.downsample_factor > 1
+        return self.ratio > 0 and (self.merge_attn or self.merge_crossattn or self.merge_mlp)
+
+    @property
+    def caches(self) -> bool:
+        """Whether the step cache is on and can skip anything (an interval of 1 makes every step full)."""
+        return self.cache and self.cache_interval > 1
 
     def check_ratio(self, value: float, name: str) -> None:
         if value > self.ratio_cap + 1e-9:

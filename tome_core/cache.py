@@ -1,0 +1,303 @@
+"""A step cache on a UNet's block modules: DeepCache (Ma et al., CVPR 2024, arXiv 2312.00858), written from the paper.
+
+A UNet's input blocks each leave a skip connection that the output block of the same depth takes back (ldm, sgm and
+Forge alike: ``input_blocks[i]`` feeds ``output_blocks[n - 1 - i]``, ``n = len(input_blocks)``). On every
+``cache_interval``-th step the UNet runs in full and the cache keeps, per stream of calls, what enters output block
+``n - 1 - b`` from below (``b = cache_branch``): the deep features. On the steps in between ("cached steps") only
+the shallow path runs — input blocks ``0 … b``, then output blocks ``n - 1 - b … n - 1`` — and the deep features come
+from the cache: input blocks ``b + 1 …``, the middle block and output blocks ``… n - 2 - b`` are skipped. Branch 0 is
+the shallowest: a cached step runs the first convolution, the last output block and the output layer.
+
+The cache works at the level of the block modules and leaves each host's UNet loop as it is, so ControlNet's forward
+(Mikubill's), sgm's, Forge's and ldm's alike keep running their own code: a skipped block returns zeros of the shape
+it returned at the last full step (the loop concatenates and adds as it always does, also ControlNet's residuals),
+and the first output block that runs gets the cached deep features in place of those zeros, next to the live skip
+connection (which carries the current step's control residual). Only the skipped blocks get an instance-level
+``forward`` (their compute must be skipped; restored exactly on removal); everything else is hooks.
+
+Schedule, per pass: the first and the last step are full, and so is any step outside ``cache_start <= progress <
+cache_end``; inside, a step is cached unless ``cache_interval`` steps have passed since the stream's last full step
+(DeepCache's uniform schedule: full steps at 0, N, 2N, …). Streams: the calls of a step are told apart by their
+number within the step and Forge's ``cond_or_uncond`` chunk (cond and uncond batched, or separate calls, or extra
+guidance passes), and each keeps its own cache, dropped when its batch or latent size changes; a call that runs the
+blocks more than once (Mikubill's ControlNet runs reference-only's reference pass before the main one) keeps one per
+pass through them. A new sampling pass (hires fix, img2img) starts with none.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .settings import SettingsError, ToMeSettings
+from .steps import Call
+
+log = logging.getLogger("tome_core")
+
+
+def unet_blocks(root: nn.Module) -> tuple[list[nn.Module], nn.Module, list[nn.Module]] | None:
+    """``(input_blocks, middle_block, output_blocks)`` of an ldm/sgm/Forge-layout UNet (or ControlNet: no output
+    blocks, returns None), or None when ``root`` is not laid out so."""
+    inputs, middle, outputs = (getattr(root, name, None) for name in ("input_blocks", "middle_block", "output_blocks"))
+    if not isinstance(inputs, nn.ModuleList) or not isinstance(outputs, nn.ModuleList) or middle is None:
+        return None
+    if len(inputs) != len(outputs) or not inputs:
+        return None
+    return list(inputs), middle, list(outputs)
+
+
+def skip_connections(root: nn.Module) -> int:
+    """How many skip branches the UNet has (0 when it has no cacheable layout): ``cache_branch`` is below it."""
+    blocks = unet_blocks(root)
+    return 0 if blocks is None else len(blocks[0])
+
+
+def may_cache(settings: ToMeSettings, step: int, progress: float | None, last: bool, since_full: int) -> bool:
+    """Whether a step may be cached: not the pass's first or last, inside ``cache_start <= progress < cache_end``,
+    and fewer than ``cache_interval`` steps since the stream's last full step."""
+    if step == 0 or last or progress is None:
+        return False
+    if not settings.cache_start <= progress < settings.cache_end:
+        return False
+    return since_full < settings.cache_interval
+
+
+def schedule(settings: ToMeSettings, steps: int) -> list[bool]:
+    """Which of a pass's ``steps`` the cache serves (True) when every step is reported: the rule of
+    :func:`may_cache`, for counting a run's full and cached steps ahead of it."""
+    out, last_full = [], 0
+    for step in range(steps):
+        cached = settings.caches and may_cache(settings, step, step / steps, step == steps - 1, step - last_full)
+        last_full = last_full if cached else step
+        out.append(cached)
+    return out
+
+
+@dataclass
+class _Pass:
+    """One pass through the blocks at a full call: what the skipped blocks returned (shapes) and the deep features."""
+
+    shapes: dict[int, tuple[torch.Size, torch.dtype, torch.device]] = field(default_factory=dict)
+    deep: torch.Tensor | None = None  # what entered the entry block from below
+
+
+@dataclass
+class _Stream:
+    """One stream of calls: what its last full call left for the cached ones, per pass through the blocks (a call
+    may run the blocks more than once: ControlNet's reference-only runs a reference pass before the main one)."""
+
+    size: tuple[int, int] | None
+    batch: int | None
+    last_full: int  # step of its last full call
+    passes: list[_Pass] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CacheReport:
+    """How the cache ran since it was applied: calls run in full and cached, and why it stepped aside, if it did."""
+
+    full: int = 0
+    cached: int = 0
+    notes: tuple[str, ...] = ()
+
+
+class StepCache:
+    """The step cache of one UNet (see the module). Made and removed by :class:`tome_core.patch.Patch`."""
+
+    def __init__(self, root: nn.Module, settings: ToMeSettings):
+        self.root = root
+        self.settings = settings
+        blocks = unet_blocks(root)
+        n = 0 if blocks is None else len(blocks[0])
+        self.usable = blocks is not None
+        if self.usable and not settings.cache_branch < n:
+            raise SettingsError("cache_branch", settings.cache_branch, f"an integer from 0 to {n - 1} for this UNet")
+        self.skipping = False  # the pass through the blocks running now is a cached one
+        self._cached_call = False  # the call running now is a cached one
+        self._stream: _Stream | None = None  # the stream of the call running now
+        self._pass: _Pass | None = None  # its pass through the blocks running now
+        self._passes = 0  # passes through the blocks so far in this call
+        self._streams: dict[tuple, _Stream] = {}
+        self._originals: list[tuple[nn.Module, bool, Any, Callable]] = []
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._full = self._cached = 0
+        self._notes: list[str] = []
+        self._warned: set[str] = set()
+        if blocks is None:
+            self._notes.append("step cache off: this model has no UNet input/middle/output blocks")
+            return
+        inputs, middle, outputs = blocks
+        b = settings.cache_branch
+        self.entry_index = n - 1 - b
+        self.entry = outputs[self.entry_index]
+        self.first = inputs[0]  # every pass through the blocks starts here
+        self.skipped: list[nn.Module] = [*inputs[b + 1 :], middle, *outputs[: self.entry_index]]
+        self._below = len(self.skipped) - 1  # the skipped module whose output enters the entry block
+        self._layout = [id(m) for m in (*inputs, middle, *outputs)]
+
+    # --- installing -----------------------------------------------------------------------------------
+    def install(self) -> None:
+        """Wrap the skippable blocks and hook the entry block, or nothing: a failure part-way undoes it all."""
+        if not self.usable:
+            return
+        try:
+            for i, module in enumerate(self.skipped):
+                self._wrap(i, module)
+            self._handles.append(self.first.register_forward_pre_hook(self._pass_pre))
+            self._handles.append(self.entry.register_forward_pre_hook(self._entry_pre, with_kwargs=True))
+        except BaseException:
+            self.remove()
+            raise
+
+    def _wrap(self, index: int, module: nn.Module) -> None:
+        own = "forward" in module.__dict__
+        original = module.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if self.skipping:
+                return self._placeholder(index, module, args, kwargs)
+            out = original(*args, **kwargs)
+            if self._pass is not None and not self._cached_call and isinstance(out, torch.Tensor):
+                self._pass.shapes[index] = (out.shape, out.dtype, out.device)
+            return out
+
+        module.forward = forward
+        self._originals.append((module, own, original, forward))
+
+    def remove(self) -> None:
+        """Restore every wrapped block's ``forward`` exactly (an instance attribute only if it had one) and remove the
+        hooks; a block whose ``forward`` another extension wrapped since is left to it, our wrapper made inert."""
+        self._begin_call(None, cached=False)
+        self._streams.clear()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for module, own, original, ours in reversed(self._originals):
+            if module.__dict__.get("forward") is ours:
+                if own:
+                    module.forward = original
+                else:
+                    del module.__dict__["forward"]
+            else:
+                log.warning("ToMe: a UNet block's forward was replaced over the step cache's; left as it is")
+        self._originals.clear()
+
+    # --- per call ---------------------------------------------------------------------------------------
+    def begin(self, call: Call) -> None:
+        """Decide whether the call starting now runs in full or cached (the root's forward pre-hook)."""
+        self._begin_call(None, cached=False)
+        if not self.usable:
+            return
+        if call.restarted:
+            self._streams.clear()
+        if not self._intact():
+            self._note("step cache off: another extension replaced the UNet's blocks")
+            return
+        key = (call.index, call.chunk)
+        stream = self._streams.get(key)
+        fits = (
+            stream is not None
+            and stream.size == call.size
+            and stream.batch == call.batch
+            and bool(stream.passes)
+            and all(self._complete(p) for p in stream.passes)
+        )
+        if fits and self._may_cache(call, stream):
+            self._begin_call(stream, cached=True)
+            self._cached += 1
+            return
+        self._streams[key] = stream = _Stream(call.size, call.batch, call.step)
+        self._begin_call(stream, cached=False)
+        self._full += 1
+
+    def _begin_call(self, stream: _Stream | None, cached: bool) -> None:
+        self._stream, self._cached_call = stream, cached
+        self._pass, self._passes, self.skipping = None, 0, False
+
+    def _complete(self, record: _Pass) -> bool:
+        return record.deep is not None and len(record.shapes) == len(self.skipped)
+
+    def _pass_pre(self, module: nn.Module, args: tuple) -> None:
+        """A pass through the blocks begins (``input_blocks[0]``): its record, and whether it is skipped — at a cached
+        call, when the full call had a complete pass of this number (else this pass runs in full)."""
+        stream, number = self._stream, self._passes
+        self._passes += 1
+        if stream is None:
+            self._pass, self.skipping = None, False
+        elif self._cached_call:
+            record = stream.passes[number] if number < len(stream.passes) else None
+            self._pass = record
+            self.skipping = record is not None and self._complete(record)
+        else:
+            self._pass = _Pass()
+            stream.passes.append(self._pass)
+            self.skipping = False
+
+    def _may_cache(self, call: Call, stream: _Stream) -> bool:
+        return may_cache(self.settings, call.step, call.progress, call.last, call.step - stream.last_full)
+
+    def _intact(self) -> bool:
+        """The UNet still holds the blocks we wrapped, with our wrappers: another extension may have swapped a block
+        in its lists (Kohya's HRFix for the WebUI wraps one in a module of its own) or replaced a forward."""
+        blocks = unet_blocks(self.root)
+        if blocks is None or [id(m) for m in (*blocks[0], blocks[1], *blocks[2])] != self._layout:
+            return False
+        return all(module.__dict__.get("forward") is ours for module, _, _, ours in self._originals)
+
+    def _placeholder(self, index: int, module: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
+        """What a skipped block returns: zeros of the shape it returned at the stream's last full call (the host loop
+        may add into it in place: Forge's control residuals). Keeps Forge's ``transformer_index`` counting as if the
+        block had run."""
+        record = self._pass
+        assert record is not None
+        shape, dtype, device = record.shapes[index]
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, dict) and "transformer_index" in value:
+                value["transformer_index"] += sum(
+                    1 for layer in module.children() if hasattr(layer, "transformer_blocks")
+                )
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    def _entry_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
+        """The first output block of a cached pass: the cached deep features next to the live skip connection. In a
+        full pass: keep what enters it from below (the part beyond the skip connection's channels)."""
+        record = self._pass
+        x = args[0] if args else kwargs.get("x")
+        if record is None or not isinstance(x, torch.Tensor) or x.dim() != 4:
+            return None
+        if not self.skipping:
+            below = record.shapes.get(self._below)
+            if not self._cached_call and below is not None and below[0][1] < x.shape[1]:
+                record.deep = x[:, : below[0][1]].clone()
+            return None
+        deep = record.deep
+        assert deep is not None
+        if deep.shape[0] != x.shape[0] or deep.shape[2:] != x.shape[2:]:
+            self._note("step cache: a cached step's features did not fit; that step's image may be off")
+            self._warn_once("fit", f"ToMe: cached features {tuple(deep.shape)} do not fit the input {tuple(x.shape)}")
+            return None
+        merged = torch.cat([deep, x[:, deep.shape[1] :]], dim=1)
+        return ((merged, *args[1:]), kwargs) if args else (args, {**kwargs, "x": merged})
+
+    # --- reporting -------------------------------------------------------------------------------------
+    def report(self) -> CacheReport:
+        return CacheReport(self._full, self._cached, tuple(self._notes))
+
+    def cached_bytes(self) -> int:
+        """Bytes the cache holds now (the deep features of every stream and pass)."""
+        held = [p.deep for s in self._streams.values() for p in s.passes if p.deep is not None]
+        return sum(t.numel() * t.element_size() for t in held)
+
+    def _note(self, text: str) -> None:
+        if text not in self._notes:
+            self._notes.append(text)
+
+    def _warn_once(self, kind: str, message: str) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning(message)
