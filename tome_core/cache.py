@@ -215,6 +215,11 @@ class StepCache:
         self._begin_call(stream, cached=False)
         self._full += 1
 
+    @property
+    def cached_now(self) -> bool:
+        """Whether the call running now (or the last one) is a cached one."""
+        return self._cached_call
+
     def _begin_call(self, stream: _Stream | None, cached: bool) -> None:
         self._stream, self._cached_call = stream, cached
         self._pass, self._passes, self.skipping = None, 0, False
@@ -288,10 +293,13 @@ class StepCache:
     def report(self) -> CacheReport:
         return CacheReport(self._full, self._cached, tuple(self._notes))
 
+    def cached_features(self) -> list[torch.Tensor]:
+        """The deep features held now, one per stream and pass (what cached passes feed their first output block)."""
+        return [p.deep for s in self._streams.values() for p in s.passes if p.deep is not None]
+
     def cached_bytes(self) -> int:
         """Bytes the cache holds now (the deep features of every stream and pass)."""
-        held = [p.deep for s in self._streams.values() for p in s.passes if p.deep is not None]
-        return sum(t.numel() * t.element_size() for t in held)
+        return sum(t.numel() * t.element_size() for t in self.cached_features())
 
     def _note(self, text: str) -> None:
         if text not in self._notes:
