@@ -311,6 +311,57 @@ def test_controlnet_cached_step_is_deepcache_with_that_steps_control_residual(we
     assert untouched(unet, root_forward=True)
 
 
+@pytest.mark.parametrize("mode", ["reference_only", "reference_adain+attn"])
+def test_controlnet_reference_pass_inside_a_call_keeps_its_own_cache(webui, controlnet, sd_model, mode):
+    """Reference-only runs a reference pass through the same blocks before the main one, inside every UNet call: the
+    cache keeps one record per pass, so both passes of a cached call are served from their own full pass."""
+    txt, _ = webui
+    unet = sd_model.model.diffusion_model
+    reference = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(3))
+    controlnet.units = [cnd.ControlNetUnit(model=None, module=mode, image=_hint(1), reference_latent=reference)]
+    held = []
+    handle = unet.register_forward_hook(lambda m, a, out: held.append(len(tome_core.get_patch(m).cache.cached_features())))
+    seeding = unet.register_forward_pre_hook(lambda m, a: torch.manual_seed(len(held)) and None)  # its global RNG
+    try:
+        res, spy = generate(txt, tome_args(txt, cache=True, cache_interval=3), sd_model, steps=4)
+    finally:
+        handle.remove()
+        seeding.remove()
+    assert spy.cached == cached_schedule(4, 3) and held == [2, 2, 2, 2]  # two passes, two records
+    assert ext.ERROR_KEY not in res.js()
+    ours = [b for b in unet.modules() if getattr(b.__dict__.get("forward"), "__module__", "") == "tome_core.cache"]
+    assert not ours and tome_core.get_patch(unet) is None  # reference-only's own instance forwards are its business
+
+
+def test_the_refiner_switch_starts_a_fresh_cache_on_the_model_switched_in():
+    main = tiny_models.make_tiny_sd_model("sd1", seed=0)
+    refiner = tiny_models.TinySdModel(tiny_models.make_tiny_sd15_unet(1), name="tiny-refiner")
+    txt, _ = harness.start_webui([str(ROOT)], sd_model=refiner)
+    seen = []  # (model, whether the call was cached)
+    handles = [
+        m.model.diffusion_model.register_forward_hook(
+            lambda mod, a, out, m=m: seen.append((m, tome_core.get_patch(mod).cache.cached_now))
+        )
+        for m in (main, refiner)
+    ]
+    try:
+        from modules import sd_models
+
+        sd_models.load_model(main)
+        args = tome_args(txt, cache=True, cache_interval=2)
+        p = harness.make_txt2img(txt, script_args=args, steps=6, refiner_checkpoint="tiny-refiner", refiner_switch_at=0.5)
+        with closing(p):
+            processing.process_images(p)
+    finally:
+        for h in handles:
+            h.remove()
+        tome_core.remove_patch(main)
+        tome_core.remove_patch(refiner)
+        harness.reset_webui()
+    assert seen == [(main, F), (main, C), (main, F), (refiner, F), (refiner, C), (refiner, F)]
+    assert untouched(main.model.diffusion_model) and untouched(refiner.model.diffusion_model)
+
+
 # --- Forge -----------------------------------------------------------------------------------------------------
 
 
