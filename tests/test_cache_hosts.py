@@ -320,7 +320,9 @@ def test_controlnet_reference_pass_inside_a_call_keeps_its_own_cache(webui, cont
     reference = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(3))
     controlnet.units = [cnd.ControlNetUnit(model=None, module=mode, image=_hint(1), reference_latent=reference)]
     held = []
-    handle = unet.register_forward_hook(lambda m, a, out: held.append(len(tome_core.get_patch(m).cache.cached_features())))
+    handle = unet.register_forward_hook(
+        lambda m, a, out: held.append(len(tome_core.get_patch(m).cache.cached_features()))
+    )
     seeding = unet.register_forward_pre_hook(lambda m, a: torch.manual_seed(len(held)) and None)  # its global RNG
     try:
         res, spy = generate(txt, tome_args(txt, cache=True, cache_interval=3), sd_model, steps=4)
@@ -349,7 +351,9 @@ def test_the_refiner_switch_starts_a_fresh_cache_on_the_model_switched_in():
 
         sd_models.load_model(main)
         args = tome_args(txt, cache=True, cache_interval=2)
-        p = harness.make_txt2img(txt, script_args=args, steps=6, refiner_checkpoint="tiny-refiner", refiner_switch_at=0.5)
+        p = harness.make_txt2img(
+            txt, script_args=args, steps=6, refiner_checkpoint="tiny-refiner", refiner_switch_at=0.5
+        )
         with closing(p):
             processing.process_images(p)
     finally:
