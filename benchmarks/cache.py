@@ -66,12 +66,13 @@ class StepCosts:
     def cost(self, kind: str, mode: str) -> float:
         return statistics.median((self.full if kind == "full" else self.cached)[mode])
 
-    def speedup(self, mode: str, interval: int | None, steps: int = STEPS) -> float:
-        """Derived speed-up of a ``steps``-step run of ``mode`` (with the cache at ``interval``; None: without) over
-        plain's: ``steps`` full plain steps over the mode's full and cached steps in the cache's schedule."""
+    def speedup(self, mode: str, interval: int | None, steps: int = STEPS, start: float = 0.0) -> float:
+        """Derived speed-up of a ``steps``-step run of ``mode`` (with the cache at ``interval`` from ``start``; None:
+        without) over plain's: ``steps`` full plain steps over the mode's full and cached steps in the cache's
+        schedule."""
         plan = [False] * steps
         if interval is not None:
-            plan = schedule(tome_core.ToMeSettings(cache=True, cache_interval=interval), steps)
+            plan = schedule(tome_core.ToMeSettings(cache=True, cache_interval=interval, cache_start=start), steps)
         seconds = sum(self.cost("cached" if c else "full", mode) for c in plan)
         return steps * self.cost("full", "plain") / seconds
 

@@ -197,6 +197,7 @@ class StepCache:
             self._streams.clear()
         if not self._intact():
             self._note("step cache off: another extension replaced the UNet's blocks")
+            self._streams.clear()  # what was cached came from other blocks
             return
         key = (call.index, call.chunk)
         stream = self._streams.get(key)
