@@ -121,6 +121,7 @@ def measure_steps(config: Config, rounds: int, log, unet: torch.nn.Module | None
                 out.peak_bytes[mode] = timer.peak_bytes
                 if mode == "tomesd":
                     continue
+            M.PLAIN.apply(unet)  # nothing else on the UNet (the built-in's tomesd was the last mode)
             patch = tome_core.apply_settings(unet, _settings(mode))
             patch.set_progress(0.0, STEPS)  # a full step that fills the cache: ours' full step
             with Timer(device) as full:
@@ -250,6 +251,30 @@ def targets(results: list[StepCosts]) -> str:
     return "\n".join(lines)
 
 
+SUMMARY = (
+    ("exact-0.5", None, "ToMe default, no cache"),
+    ("plain", 3, "cache N=3 alone (DeepCache)"),
+    ("exact-0.5", 3, "cache N=3 + ToMe default"),
+    ("todo-2", 3, "cache N=3 + ToDo"),
+    ("plain", 5, "cache N=5 alone"),
+    ("exact-0.5", 5, "cache N=5 + ToMe default"),
+)
+"""The summary table's columns: (token-merging mode, cache interval or None, title)."""
+
+
+def summary_table(results: list[StepCosts]) -> str:
+    """Derived 20-step speed-ups over plain at real width, one row per configuration."""
+    lines = [
+        "| step cache: model, size | " + " | ".join(title for *_, title in SUMMARY) + " |",
+        "|---|" + "---:|" * len(SUMMARY),
+    ]
+    for r in results:
+        if r.config.get("real"):
+            cells = " | ".join(f"{r.speedup(mode, n):.2f}×" for mode, n, _ in SUMMARY)
+            lines.append(f"| {Config(**r.config).name}, batch {r.config['batch']} | {cells} |")
+    return "\n".join(lines)
+
+
 def section(results: list[StepCosts], meta: dict) -> str:
     real = [r for r in results if r.config.get("real")]
     reduced = [r for r in results if not r.config.get("real")]
@@ -270,6 +295,10 @@ def section(results: list[StepCosts], meta: dict) -> str:
             "### Targets (issue 14), judged from this run",
             "",
             targets(results) or "- (no real-width configuration in this run)",
+            "",
+            "### Speed-up of a 20-step run at real width (from this run)",
+            "",
+            summary_table(results),
             "",
             "### Real widths",
             "",

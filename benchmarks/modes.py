@@ -76,8 +76,7 @@ def cached(mode: Mode, interval: int, start: float = 0.0) -> Mode:
 
 CACHE = (
     *(cached(PLAIN, n) for n in (2, 3, 5)),
-    *(cached(m, 3) for m in TOME if m.name in ("exact-0.3", "exact-0.5", "exact-0.7", "todo-2")),
-    cached(TOME[1], 2),
+    *(cached(m, 3) for m in TOME if m.name in ("exact-0.3", "exact-0.5", "todo-2")),
     cached(TOME[1], 5),
     cached(PLAIN, 3, 0.2),
     cached(TOME[1], 3, 0.2),
