@@ -311,6 +311,54 @@ def test_controlnet_cached_step_is_deepcache_with_that_steps_control_residual(we
     assert untouched(unet, root_forward=True)
 
 
+def test_controlnet_control_model_is_shortened_on_cached_steps_with_the_same_output(webui, sd_model):
+    """Inside Mikubill's loop the cached step reads only residual 0 (branch 0): the control model's deeper blocks
+    answer with zeros there, and the UNet's output is bit-identical to running them."""
+    unet = sd_model.model.diffusion_model
+    control = cnd.make_control_net(context_dim=tiny_models.CONTEXT_DIM, model_channels=32, seed=7)
+    net = control.control_model
+    x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(0))
+    ctx = torch.randn(2, 7, tiny_models.CONTEXT_DIM, generator=torch.Generator().manual_seed(1))
+    outs, deep_calls = {}, {}
+    for shorten in (False, True):
+        hook = cnd.UnetHook()
+        hook.hook(model=unet, sd_ldm=cnd.FakeSDModel(unet), control_params=[cnd.ControlParams(net, hint_cond=_hint(1))])
+        patch = tome_core.apply_patch(unet, ratio=0.0, cache=True, cache_interval=3)
+        follower = tome_core.apply_settings(net, S.ToMeSettings(ratio=0.0), leader=patch.cache) if shorten else None
+        calls = []
+        counter = net.middle_block[0].register_forward_hook(lambda *a, calls=calls: calls.append(1))  # inside it
+        try:
+            with torch.no_grad():
+                for i, t in enumerate((999.0, 700.0, 400.0)):
+                    patch.set_progress(i / 4, 4)
+                    outs[shorten, i] = unet(x * (1 - 0.1 * i), torch.full((2,), t), context=ctx)
+            deep_calls[shorten] = len(calls)
+            if follower is not None:
+                assert follower.follower.shortened > 0
+        finally:
+            counter.remove()
+            tome_core.remove_patch(net)
+            tome_core.remove_patch(unet)
+            hook.restore()
+    assert all(torch.equal(outs[True, i], outs[False, i]) for i in range(3))
+    assert deep_calls == {False: 3, True: 1}  # the middle block ran at the full step only
+    assert untouched(net) and untouched(unet, root_forward=True)
+
+
+def test_controlnet_generation_with_the_cache_shortens_the_control_model(webui, controlnet, sd_model):
+    txt, _ = webui
+    control = cnd.make_control_net(context_dim=tiny_models.CONTEXT_DIM, model_channels=32, seed=7)
+    controlnet.units = [cnd.ControlNetUnit(model=control, image=_hint(1), module="canny")]
+    calls = []
+    counter = control.control_model.middle_block[0].register_forward_hook(lambda *a: calls.append(1))
+    try:
+        _, spy = generate(txt, tome_args(txt, merge_controlnet=False, cache=True, cache_interval=3), sd_model, steps=4)
+    finally:
+        counter.remove()
+    assert spy.cached == [F, C, C, F] and len(calls) == 2  # the control model's middle block: full steps only
+    assert untouched(control.control_model)
+
+
 @pytest.mark.parametrize("mode", ["reference_only", "reference_adain+attn"])
 def test_controlnet_reference_pass_inside_a_call_keeps_its_own_cache(webui, controlnet, sd_model, mode):
     """Reference-only runs a reference pass through the same blocks before the main one, inside every UNet call: the
