@@ -193,3 +193,15 @@ def test_step_cache_benchmark_derives_the_speed_up_from_its_own_schedule(caplog)
         },
     )
     assert text.startswith(cache.BEGIN) and "derived vs measured, 3 steps" in text and "(no real-width" in text
+
+
+def test_controlnet_benchmark_measures_the_cached_step_with_and_without_shortening_the_control_model():
+    from benchmarks import controlnet
+
+    rows = {name: share for name, _, share in controlnet.measure_cached(64, 1, 32, 2)}
+    assert set(rows) == {
+        "full step (plain)",
+        "cached step, control model in full",
+        "cached step, control model shortened",
+    }
+    assert rows["full step (plain)"] == 1.0 and all(share > 0 for share in rows.values())
