@@ -218,35 +218,24 @@ class Plan:
     steps: int
     samplers: dict[str, tuple[tuple[str, ...] | None, tuple[int, ...]]]
     data_features: int = DATA_FEATURES
+    overrides: dict[str, dict[str, tuple[tuple[str, ...] | None, tuple[int, ...]]]] = field(default_factory=dict)
+    """Per layout, samplers whose modes or sides differ from ``samplers``."""
 
 
-DPMPP_MODES = (
-    "plain",
-    "exact-0.5",
-    "cache-2",
-    "cache-3",
-    "cache-3-from-0.2",
-    "cache-3+exact-0.5",
-    "cache-3-from-0.2+exact-0.5",
-)
+DPMPP_MODES = ("plain", "cache-3", "cache-3-from-0.2", "cache-3+exact-0.5", "cache-3-from-0.2+exact-0.5")
 """DPM++ 2M, where early cached steps are reported to hurt (DeepCache #9): the cache with and without a late start."""
-TWICE_MODES = (
-    "plain",
-    "tomesd",
-    *(m.name for m in modes_.TOME),
-    "cache-2",
-    "cache-3",
-    "cache-5",
-    "cache-3+exact-0.5",
-    "cache-3+todo-2",
-)
-"""At 2x the side (where a sampling run costs 5x more here): every token-merging mode, the cache alone at N = 2, 3, 5,
-and with ToMe's default and ToDo."""
+TWICE_MODES = ("plain", "tomesd", "exact-0.5", "exact-0.7", "todo-2", "cache-3", "cache-3+exact-0.5")
+"""At 2x the side, where a sampling run costs 7x more here (one CPU core has about two hours for both layouts): the
+built-in, ToMe's default and its strongest ratio, ToDo, the cache and the cache with ToMe's default."""
+SDXL_TRAINED_MODES = ("plain", "tomesd", "exact-0.5", "todo-2", "cache-2", "cache-3", "cache-5", "cache-3+exact-0.5")
+"""SDXL at its trained side: its first transformer level has only 16 x 16 = 256 tokens there (1,024 at 2x), so a
+few modes only, for the cache above all."""
 FULL = Plan(
     64,
     8,
     STEPS,
     {"euler": (None, (1,)), "dpmpp_2m": (DPMPP_MODES, (1,)), "euler@2x": (TWICE_MODES, (2,))},
+    overrides={"sdxl": {"euler": (SDXL_TRAINED_MODES, (1,)), "dpmpp_2m": (("plain", "cache-3", "cache-3-from-0.2"), (1,))}},
 )
 QUICK_MODES = ("plain", "tomesd", "exact-0.5", "todo-2", "cache-3", "cache-3+exact-0.5")
 QUICK = Plan(4, 2, 3, {"euler": (QUICK_MODES, (1, 2)), "dpmpp_2m": (("plain", "cache-3"), (1,))}, data_features=64)
@@ -255,7 +244,7 @@ QUICK = Plan(4, 2, 3, {"euler": (QUICK_MODES, (1, 2)), "dpmpp_2m": (("plain", "c
 def cases(plan: Plan) -> list[tuple[Case, tuple[str, ...] | None]]:
     out = []
     for layout, arch in A.ARCHITECTURES.items():
-        for key, (names, scales) in plan.samplers.items():
+        for key, (names, scales) in (plan.samplers | plan.overrides.get(layout, {})).items():
             sampler = key.split("@")[0]  # "euler@2x": Euler again, with another list of modes
             out += [(Case(layout, arch.size * scale, sampler), names) for scale in scales]
     return out
