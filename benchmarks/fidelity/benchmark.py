@@ -235,7 +235,9 @@ FULL = Plan(
     8,
     STEPS,
     {"euler": (None, (1,)), "dpmpp_2m": (DPMPP_MODES, (1,)), "euler@2x": (TWICE_MODES, (2,))},
-    overrides={"sdxl": {"euler": (SDXL_TRAINED_MODES, (1,)), "dpmpp_2m": (("plain", "cache-3", "cache-3-from-0.2"), (1,))}},
+    overrides={
+        "sdxl": {"euler": (SDXL_TRAINED_MODES, (1,)), "dpmpp_2m": (("plain", "cache-3", "cache-3-from-0.2"), (1,))}
+    },
 )
 QUICK_MODES = ("plain", "tomesd", "exact-0.5", "todo-2", "cache-3", "cache-3+exact-0.5")
 QUICK = Plan(4, 2, 3, {"euler": (QUICK_MODES, (1, 2)), "dpmpp_2m": (("plain", "cache-3"), (1,))}, data_features=64)
