@@ -39,7 +39,9 @@ against the recorded latent size; a call whose token count fits neither runs unm
 
 Another extension that takes an attention layer over (:mod:`tome_core.neighbours`: Hypertile's tiling, Mikubill's
 ControlNet-LLLite, a module that is no attention any more) gets that layer's input as it is, per call, and the
-report says where.
+report says where. A block whose ``attn1``/``attn2``/``ff`` was swapped for another module since the patch was
+applied (Forge's object patches, applied when sampling starts and taken off at the next model load) gets the hooks
+moved to the module it holds now, at its next call.
 
 With ``cache`` on (and ``cache_interval`` above 1) the patch also carries a step cache (:mod:`tome_core.cache`,
 DeepCache), placed per call by the same :class:`~tome_core.steps.StepClock`; both are applied and removed together.
@@ -245,6 +247,7 @@ class Patch:
         self._plans: dict[tuple, _CachedPlan] = {}
         self._warned: set[str] = set()
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._subs: dict[tuple[int, str], tuple[nn.Module, list[torch.utils.hooks.RemovableHandle]]] = {}
         self.blocks = list(transformer_blocks(root))
         self._index = {id(block): i for i, block in enumerate(self.blocks)}
         self._holder: dict[int, int] = {}  # block -> the module holding it (its SpatialTransformer)
@@ -326,20 +329,41 @@ class Patch:
                 self._handles.append(block.register_forward_pre_hook(self._block_pre, with_kwargs=True))
                 self._handles.append(block.register_forward_hook(self._block_post))
                 for name, _flag in _TARGETS:
-                    sub = getattr(block, name)
-                    pre = self._make_sub_pre(block, name)
-                    self._handles.append(sub.register_forward_pre_hook(pre, with_kwargs=True))
-                    self._handles.append(sub.register_forward_hook(self._sub_post))
+                    self._hook_sub(block, name, getattr(block, name))
             if self.cache is not None:
                 self.cache.install()
         except BaseException:
             self.remove()
             raise
 
+    def _hook_sub(self, block: nn.Module, name: str, sub: nn.Module) -> None:
+        """Hook ``block``'s ``name`` (``attn1``/``attn2``/``ff``): a merge pre-hook and an unmerge post-hook."""
+        key = (id(block), name)
+        old = self._subs.pop(key, None)
+        for handle in old[1] if old is not None else ():
+            handle.remove()
+        handles = [
+            sub.register_forward_pre_hook(self._make_sub_pre(block, name), with_kwargs=True),
+            sub.register_forward_hook(self._sub_post),
+        ]
+        self._subs[key] = (sub, handles)
+        self._handles.extend(handles)
+
+    def _follow_subs(self, block: nn.Module) -> None:
+        """Move the hooks of ``block``'s attention/MLP modules to the ones it holds now: Forge's object patches put an
+        extension's module in place of ``attn1`` when sampling starts (Layer Diffuse's attention sharing) and put the
+        original back when the next model is loaded, both after our hooks were placed."""
+        for name, _flag in _TARGETS:
+            sub = block._modules.get(name)
+            hooked = self._subs.get((id(block), name))
+            if isinstance(sub, nn.Module) and hooked is not None and hooked[0] is not sub:
+                self._hook_sub(block, name, sub)
+
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._subs.clear()
         if self.cache is not None:
             self.cache.remove()
         self.current = None
@@ -393,6 +417,7 @@ class Patch:
         self._grids.pop(id(holder), None)
 
     def _block_pre(self, block: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._follow_subs(block)
         x = args[0] if args else kwargs.get("x")
         ok = self.active and isinstance(x, torch.Tensor) and x.dim() == 3
         grid = self._grids.get(self._holder.get(id(block), -1))
