@@ -262,3 +262,21 @@ def test_a_unit_already_in_place_when_tome_patches_is_not_merged_into():
     tome_core.remove_patch(unet)
     patcher.forge_unpatch_model()
     assert rel(unet(x, t, context=ctx, transformer_options=dict(options)), alone) > 1e-4
+
+
+# --- ADetailer on Forge -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("call_outer_scripts", [True, False], ids=["adetailer", "without-outer-postprocess"])
+def test_adetailer_passes_on_forge_never_run_on_the_main_passes_patch(start, build, call_outer_scripts):
+    """As on the WebUI: ADetailer's nested img2img (a 64 px crop) runs unmerged, the main job's batches merged with
+    their own settings; Forge resets its patchers per pass, but ToMe's hooks sit on the UNet module itself."""
+    txt, _ = start(NEIGHBOURS / "adetailer")
+    module_of(txt, "ADetailer").CALL_OUTER_SCRIPTS = call_outer_scripts
+    ad = [True, {"ad_use_inpaint_width_height": True, "ad_inpaint_width": 64, "ad_inpaint_height": 64}]
+    hires = dict(enable_hr=True, hr_scale=2, hr_upscaler="Latent", denoising_strength=0.5, width=128, height=128)
+    res, spy = generate(txt, args_for(txt, "ADetailer", ad, hires_ratio=0.3), build, steps=2, n_iter=2, **hires)
+    nested = [s for s, out in zip(spy.calls, spy.outputs) if out.shape[-1] == 8]
+    main = [s for s, out in zip(spy.calls, spy.outputs) if out.shape[-1] != 8]
+    assert nested and all(s is None for s in nested)
+    assert [s and s.ratio for s in main] == [0.5, 0.5, 0.3, 0.3] * 2 and clean(build)
