@@ -168,7 +168,8 @@ class MergeReport:
     * ``forwards``: forwards of the patched module seen (0 with ``blocks == 0``: no hooks at all).
     * ``attn1_skipped``: blocks that ran inside the step schedule at a level ToMe acts on, with ``attn1`` a
       target (``merge_attn`` or ToDo), whose ``attn1`` module was never called (replaced by another
-      extension through Forge's ``patches_replace``: reference-only, StyleAlign, SAG).
+      extension through Forge's ``patches_replace``: reference-only, StyleAlign, SAG) or is no attention any more
+      (another extension's module in its place: Layer Diffuse's attention sharing).
     * ``query_only``: blocks whose ``attn1`` got full-length keys/values other than its input (an
       ``attn1_patch``, e.g. ControlLLLite): only the queries were merged there.
     * ``todo_off``: the same with ``method="downsample"``: keys/values were left as given, no ToDo there.
