@@ -88,6 +88,52 @@ def measure(size: int, rounds: int, channels: int, heads: int) -> list[tuple[str
     return rows
 
 
+def measure_cached(size: int, rounds: int, channels: int, heads: int) -> list[tuple[str, float, float]]:
+    """The step cache beside one ControlNet unit: a plain full step, and a cached step (N=3, branch 0, after an
+    untimed full step) with the control model run in full and shortened (its blocks nobody reads skipped)."""
+    unet, net, inputs = build(size, channels, heads)
+    x, t, ctx = inputs
+    cpu: dict[str, list[float]] = {
+        "full step (plain)": [],
+        "cached step, control model in full": [],
+        "cached step, control model shortened": [],
+    }
+    for _ in range(rounds):
+        for name in cpu:
+            tome_core.remove_patch(net)
+            tome_core.remove_patch(unet)
+            patch = None
+            if name != "full step (plain)":
+                patch = tome_core.apply_patch(unet, ratio=0.0, cache=True, cache_interval=3)
+                if name.endswith("shortened"):
+                    tome_core.apply_settings(net, tome_core.ToMeSettings(ratio=0.0), leader=patch.cache)
+                patch.set_progress(0.0, 20)
+                with torch.no_grad():
+                    unet(x, t, ctx)  # the full step the cached one reads
+                patch.set_progress(1 / 20, 20)
+            with torch.no_grad(), Timer(torch.device("cpu")) as timer:
+                unet(x, t, ctx)
+            assert patch is None or patch.report().cache.cached == 1
+            cpu[name].append(timer.cpu)
+    tome_core.remove_patch(net)
+    tome_core.remove_patch(unet)
+    base = statistics.median(cpu["full step (plain)"])
+    return [(name, statistics.median(v), statistics.median(v) / base) for name, v in cpu.items()]
+
+
+def cached_table(rows) -> str:
+    lines = [
+        "With the step cache (cache alone, N=3, branch 0): a cached step still needs the control residual of the skip "
+        "branch it runs; the control model's deeper blocks, whose residuals a cached step never reads, are skipped "
+        "on Mikubill's ControlNet (which runs the control model inside the UNet's call). Same model, size and inputs:",
+        "",
+        "| step | s (CPU) | share of a plain full step |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| {name} | {c:.2f} | {share:.0%} |" for name, c, share in rows]
+    return "\n".join(lines)
+
+
 def table(rows, size: int, channels: int, rounds: int) -> str:
     lines = [
         f"One ControlNet unit, SD1.5-layout UNet at reduced width (model_channels={channels}, real ldm blocks), "
@@ -112,6 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     text = table(measure(args.size, args.rounds, args.channels, args.heads), args.size, args.channels, args.rounds)
+    text += "\n\n" + cached_table(measure_cached(args.size, args.rounds, args.channels, args.heads))
     print(text)
     if args.write:
         write_section(f"{BEGIN}\n## ToMe and ControlNet\n\n{text}\n{END}", BEGIN, END)

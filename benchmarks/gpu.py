@@ -11,7 +11,9 @@ synchronises only at the start and end of each timed region; peak memory per var
 
 Part 1, the suite (seconds per UNet forward, every variant of ``suite.REAL_VARIANTS``) on SD1.5 at 512,
 1024 and 2048 px and SDXL at 1024 and 2048 px, cond + uncond batched. Part 2, the sampling table
-(benchmarks/sampling.py: Euler, CFG, 20 steps) on SD1.5 at 512, 1024, 1536 and 2048 px.
+(benchmarks/sampling.py: Euler, CFG, 20 steps) on SD1.5 at 512, 1024, 1536 and 2048 px. Part 3, the step cache
+(benchmarks/cache.py: a full and a cached step of every mode, and the 20-step speed-up they give) on SD1.5 at 512 and
+1024 px and SDXL at 1024 px.
 Writes the GPU section of benchmarks/RESULTS.md (``--results`` for another file) from
 benchmarks/runs/gpu.json.
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import cache as C
 from benchmarks import results as R
 from benchmarks import sampling
 from benchmarks import suite as S
@@ -38,11 +41,14 @@ SUITE = (
     S.Config("sdxl", 1024, 320, 2, True),
     S.Config("sdxl", 2048, 320, 2, True),
 )
+CACHE_SUITE = (SUITE[0], SUITE[1], SUITE[3])  # the step cache's targets: SD1.5 512 / 1024 px, SDXL 1024 px
+CACHE_ROUNDS = 2
 SIZES = sampling.GPU_SIZES
 STEPS, ROUNDS, SAMPLING_ROUNDS, WARMUP_STEPS = 20, 3, 2, 2
 # --dry-run: the same code paths at sizes a CPU runs in seconds (reduced width, tiny latents)
 DRY_SUITE = (S.Config("sd15", 64, 32, 2), S.Config("sdxl", 64, 32, 2))
 DRY_SIZES, DRY_STEPS, DRY_ROUNDS = (64, 96, 128, 160), 2, 1
+DRY_CACHE = DRY_SUITE
 # --estimate: sustained float16 throughput assumed for a UNet forward on an H100/H200 (about 20% of the
 # dense tensor-core peak, ~990 TFLOP/s), a floor per forward for kernel launches at small sizes, and the
 # time to build and move the two models
@@ -105,6 +111,11 @@ def estimate(rounds: int = ROUNDS, sampling_rounds: int = SAMPLING_ROUNDS, steps
             )
         )
         lines.append(f"sampling SD1.5 {px} px: {work[-1][1] / 1e12:.1f} TFLOP/step x {work[-1][0]}")
+    for config in CACHE_SUITE:  # every cached step counted as a full one: an upper bound
+        work.append((1 + C.forwards_per_round() * CACHE_ROUNDS, flops(config, config.batch)))
+        lines.append(
+            f"step cache {config.name} batch {config.batch}: {work[-1][1] / 1e12:.1f} TFLOP/forward x {work[-1][0]}"
+        )
 
     def minutes(rate: float) -> float:
         return (BUILD_S + sum(n * max(f / rate, FORWARD_FLOOR_S) for n, f in work)) / 60
@@ -141,7 +152,9 @@ def suite_table(result: S.Result, clock: str) -> str:
     return "\n".join(lines)
 
 
-def section(results: list[S.Result], samples: list[sampling.SamplingResult], meta: dict) -> str:
+def section(
+    results: list[S.Result], samples: list[sampling.SamplingResult], meta: dict, caches: list[C.StepCosts] = ()
+) -> str:
     clock = "CUDA events" if meta["device"] != "CPU" else "CPU time"
     anchor = ", ".join(f"{v:.2f}× at {px} px" for px, v in PUBLISHED.items())
     return "\n".join(
@@ -166,6 +179,11 @@ def section(results: list[S.Result], samples: list[sampling.SamplingResult], met
             "### One UNet forward",
             "",
             *[suite_table(r, clock) + "\n" for r in results],
+            "### Step cache: a full and a cached step, and the 20-step speed-up they give",
+            "",
+            C.targets(caches) or "- (no real-width configuration in this run)",
+            "",
+            *[C.costs_table(c, clock=clock) + "\n" for c in caches],
             END,
         ]
     )
@@ -221,6 +239,10 @@ def main(argv: list[str] | None = None) -> None:
         results.append(S.run_config(config, rounds, log, S.REAL_VARIANTS, warmup_round=True, unet=model(config)))
         for v, row in results[-1].rows.items():
             log(f"  {S.LABELS[v]}: {1000 * row.cpu_s:.1f} ms / forward, peak GPU memory {mib(row.peak_bytes)}")
+    caches = []
+    for config in DRY_CACHE if args.dry_run else CACHE_SUITE:
+        log(f"step cache {config.name}: {config.width}, batch {config.batch}")
+        caches.append(C.measure_steps(config, rounds if args.dry_run else CACHE_ROUNDS, log, unet=model(config)))
     meta = R.run_meta(argparse.Namespace(threads=torch.get_num_threads()), rounds, time.perf_counter() - start)
     meta |= {
         "attention": attention_backend(device),
@@ -230,11 +252,15 @@ def main(argv: list[str] | None = None) -> None:
     }
     R.save_run_data(
         "gpu",
-        {"suite": [r.to_json() for r in results], "sampling": [sampling.to_json(s) for s in samples]},
+        {
+            "suite": [r.to_json() for r in results],
+            "sampling": [sampling.to_json(s) for s in samples],
+            "cache": [vars(c) for c in caches],
+        },
         meta,
         args.runs,
     )
-    text = section(results, samples, meta)
+    text = section(results, samples, meta, caches)
     print(text)
     R.write_section(text, BEGIN, END, args.results)
     log(f"wrote the GPU section of {args.results}")

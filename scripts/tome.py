@@ -30,6 +30,7 @@ from tome_core import extension as ext
 from tome_core import forge_controlnet
 from tome_core import settings as S
 from tome_core.controlnet import control_models
+from tome_core.patch import get_patch
 
 log = logging.getLogger("tome_core")
 registry = ext.PatchRegistry()
@@ -229,7 +230,7 @@ class ToMeScript(scripts.Script):
                 _write_note(p, run)
                 return
             settings = settings.replace(ratio=0.0, method="merge")  # the step cache alone
-        if not _patch(p, run, settings, _pass_models(p, run, settings)):
+        if not _patch(p, run, settings, *_pass_models(p, run, settings)):
             return
         if settings.use_rand:
             p.extra_generation_params[S.spec("seed").infotext] = settings.seed
@@ -248,11 +249,12 @@ class ToMeScript(scripts.Script):
         registry.clear(shared.sd_model)
 
 
-def _pass_models(p: Any, run: ext.Run, settings: S.ToMeSettings) -> list[Any]:
-    """What a sampling pass patches: the model that samples and, with ``merge_controlnet``, Mikubill's
-    ControlNet models (Forge's are added at the pass's first denoiser call)."""
-    control = control_models(p, run.notes) if settings.merge_controlnet else ()
-    return [shared.sd_model, *control]
+def _pass_models(p: Any, run: ext.Run, settings: S.ToMeSettings) -> tuple[list[Any], list[Any]]:
+    """What a sampling pass patches: the model that samples, and Mikubill's ControlNet models (run inside the UNet's
+    call), with ``merge_controlnet`` or the step cache (which shortens them on cached steps); Forge's are added at
+    the pass's first denoiser call."""
+    control = control_models(p, run.notes) if settings.merge_controlnet or settings.caches else ()
+    return [shared.sd_model], list(control)
 
 
 def _write_note(p: Any, run: ext.Run) -> None:
@@ -268,13 +270,21 @@ def _unpatch(run: ext.Run) -> None:
     run.current = None
 
 
-def _patch(p: Any, run: ext.Run, settings: S.ToMeSettings, models: list[Any]) -> bool:
-    """Patch ``models`` (the model that samples, control models: those merge only, a control model is no UNet to
-    cache); all or nothing: on an error every patch is removed and the error reported, not raised."""
-    control = settings.replace(cache=False)
+def _patch(p: Any, run: ext.Run, settings: S.ToMeSettings, models: list[Any], followers: list[Any] = ()) -> bool:
+    """Patch ``models`` (the model that samples, control models) and ``followers`` (Mikubill's control models, run
+    inside the UNet's call: the UNet's cached steps shorten them); all or nothing: on an error every patch is removed
+    and the error reported, not raised. A control model is no UNet to cache: it merges (``merge_controlnet``) or
+    follows the cache only."""
+    merging = settings.replace(cache=False)
+    control = merging if settings.merge_controlnet else merging.replace(ratio=0.0, method="merge")
     try:
         for model in models:
             registry.apply(model, settings if model is shared.sd_model else control)
+        unet = get_patch(shared.sd_model)
+        leader = unet.cache if unet is not None else None
+        for model in followers:
+            if settings.merge_controlnet or leader is not None:
+                registry.apply(model, control, leader)
     except Exception as error:  # never leave a half-patched model behind
         _unpatch(run)
         _report(p, ext.describe_error(error))
@@ -295,15 +305,15 @@ def _on_cfg_denoiser(params: Any) -> None:
     run: ext.Run | None = getattr(p, RUN_ATTR, None)
     if run is not None and run.current is not None:
         settings = run.current
-        models = []
+        models, followers = [], []
         if not registry.patched(shared.sd_model):  # the refiner switched models: follow it
             _unpatch(run)
-            models = _pass_models(p, run, settings)
+            models, followers = _pass_models(p, run, settings)
         if models or getattr(denoiser, "step", None) == 0:
             control = forge_controlnet.control_models(shared.sd_model) if settings.merge_controlnet else ()
-            models += [m for m in control if not registry.patched(m)]
-            if models:
-                _patch(p, run, settings, models)
+            models += [m for m in control if not registry.patched(m)]  # Forge's: run before the UNet's call
+            if models or followers:
+                _patch(p, run, settings, models, followers)
     registry.set_progress(*ext.sampling_position(params))
 
 

@@ -18,8 +18,8 @@ from tome_core import settings as S
 
 class Spy:
     """Per forward of ``module``: our patch's settings (None when unpatched), the output, the progress, whether the
-    call was inside the step schedule, the merge plans computed so far, and the ``transformer_options`` patches it was
-    given (Forge; empty on the WebUI)."""
+    call was inside the step schedule, the merge plans computed so far, whether the step cache served it, and the
+    ``transformer_options`` patches it was given (Forge; empty on the WebUI)."""
 
     def __init__(self, module: torch.nn.Module):
         self.module = module
@@ -28,6 +28,7 @@ class Spy:
         self.progress: list[float | None] = []
         self.active: list[bool | None] = []
         self.plans: list[int | None] = []
+        self.cached: list[bool] = []  # whether the step cache served the call
         self.patches: list[dict] = []
         self._handles = [
             module.register_forward_pre_hook(self._pre, with_kwargs=True),
@@ -45,6 +46,7 @@ class Spy:
         patch = tome_core.get_patch(module)
         self.active.append(patch.active if patch else None)
         self.plans.append(patch.plans_computed if patch else None)
+        self.cached.append(bool(patch and patch.cache and patch.cache.cached_now))
 
     def close(self):
         for handle in self._handles:

@@ -18,7 +18,7 @@ from models import make_unet
 from test_host_reads import host_reads
 
 import tome_core
-from benchmarks import forge, gpu, sampler, sampling, suite, timing
+from benchmarks import cache, forge, gpu, sampler, sampling, suite, timing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,6 +69,12 @@ def test_gpu_command_dry_run_writes_its_section(dry_run):
         columns, rows = _table(text, f"#### {config.name} ({config.width}, batch {config.batch})\n\n|")
         assert columns[-1] == "peak MiB" and list(rows) == [suite.LABELS[v] for v in suite.REAL_VARIANTS]
     assert len(data["results"]["suite"]) == len(gpu.DRY_SUITE)
+    # the step cache's rows: one table per configuration, every mode with a full and (ours) a cached step
+    for config in gpu.DRY_CACHE:
+        columns, rows = _table(text, f"#### {config.name} ({config.width}, batch {config.batch})\n\n| mode |")
+        unit = "ms" if torch.cuda.is_available() else "s"  # the dry run on a CPU times in CPU seconds
+        assert columns[:2] == [f"full step {unit}", f"cached step {unit}"] and len(rows) == 2 + len(cache.TOME)
+    assert len(data["results"]["cache"]) == len(gpu.DRY_CACHE)
     assert [s["px"] for s in data["results"]["sampling"]] == list(gpu.DRY_SIZES)
 
 
@@ -156,3 +162,46 @@ def test_forge_benchmark_runs_every_variant_on_both_layouts_with_the_same_output
     assert all(s["same"] for s in stats.values())  # each variant's output is the same on the ldm and Forge UNets
     assert all((s["error"] == 0) == (variant == "baseline") for (variant, _), s in stats.items())
     assert "bit-identical" in forge.table(config, stats) and "DIFFERENT" not in forge.table(config, stats)
+
+
+def test_step_cache_benchmark_derives_the_speed_up_from_its_own_schedule(caplog):
+    with caplog.at_level("WARNING", logger="tome_core"):
+        costs = cache.measure_steps(suite.Config("sd15", 64, 32, 1), 1, lambda s: None)
+    assert not caplog.records  # each mode ran alone (no leftover tomesd merging before ours)
+    assert set(costs.cached) == {"plain", *cache.TOME} and set(costs.full) == {
+        "plain",
+        "plain+cache",
+        "tomesd",
+        *cache.TOME,
+    }
+    assert costs.speedup("plain", None) == 1.0
+    full, cached = costs.cost("full", "plain"), costs.cost("cached", "plain")
+    assert costs.speedup("plain", 3) == pytest.approx(20 * full / (8 * full + 12 * cached))  # N=3: 8 full, 12 cached
+    assert costs.held_bytes == 1 * 32 * 8 * 8 * 4  # branch 0: output_blocks[10]'s 32 channels at 8 x 8, float32
+    cache.measure_sampling(suite.Config("sd15", 64, 32, 1), 1, 3, lambda s: None, costs)
+    assert set(costs.sampling) == {"plain", *(name for name, _ in cache.E2E)} and costs.sampling_steps == 3
+    text = cache.section(
+        [costs],
+        {
+            "device": "CPU",
+            "dtype": "float32",
+            "torch": "x",
+            "threads": 1,
+            "rounds": 1,
+            "finished": "now",
+            "seconds": 1.0,
+        },
+    )
+    assert text.startswith(cache.BEGIN) and "derived vs measured, 3 steps" in text and "(no real-width" in text
+
+
+def test_controlnet_benchmark_measures_the_cached_step_with_and_without_shortening_the_control_model():
+    from benchmarks import controlnet
+
+    rows = {name: share for name, _, share in controlnet.measure_cached(64, 1, 32, 2)}
+    assert set(rows) == {
+        "full step (plain)",
+        "cached step, control model in full",
+        "cached step, control model shortened",
+    }
+    assert rows["full step (plain)"] == 1.0 and all(share > 0 for share in rows.values())

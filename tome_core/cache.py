@@ -197,6 +197,7 @@ class StepCache:
             self._streams.clear()
         if not self._intact():
             self._note("step cache off: another extension replaced the UNet's blocks")
+            self._streams.clear()  # what was cached came from other blocks
             return
         key = (call.index, call.chunk)
         stream = self._streams.get(key)
@@ -214,6 +215,11 @@ class StepCache:
         self._streams[key] = stream = _Stream(call.size, call.batch, call.step)
         self._begin_call(stream, cached=False)
         self._full += 1
+
+    @property
+    def cached_now(self) -> bool:
+        """Whether the call running now (or the last one) is a cached one."""
+        return self._cached_call
 
     def _begin_call(self, stream: _Stream | None, cached: bool) -> None:
         self._stream, self._cached_call = stream, cached
@@ -288,10 +294,13 @@ class StepCache:
     def report(self) -> CacheReport:
         return CacheReport(self._full, self._cached, tuple(self._notes))
 
+    def cached_features(self) -> list[torch.Tensor]:
+        """The deep features held now, one per stream and pass (what cached passes feed their first output block)."""
+        return [p.deep for s in self._streams.values() for p in s.passes if p.deep is not None]
+
     def cached_bytes(self) -> int:
         """Bytes the cache holds now (the deep features of every stream and pass)."""
-        held = [p.deep for s in self._streams.values() for p in s.passes if p.deep is not None]
-        return sum(t.numel() * t.element_size() for t in held)
+        return sum(t.numel() * t.element_size() for t in self.cached_features())
 
     def _note(self, text: str) -> None:
         if text not in self._notes:
@@ -301,3 +310,71 @@ class StepCache:
         if kind not in self._warned:
             self._warned.add(kind)
             log.warning(message)
+
+
+class ControlFollower:
+    """Shortens a ControlNet model's forward on the UNet's cached calls, where the control model runs inside the UNet's
+    call (Mikubill's sd-webui-controlnet computes its residuals in its own UNet loop, after the call has been placed).
+
+    A cached UNet call reads only the residuals of the skip branches it runs (``0 … b``): the control model's input
+    blocks beyond ``b``, their zero convolutions, its middle block and middle-block output then return zeros of the
+    shape they return for that input (recorded at full calls) instead of computing values nobody reads, so the UNet's
+    output is bit-identical and the control model costs a few percent of itself. Anything not laid out so, or an input
+    never seen at a full call, runs as it is."""
+
+    def __init__(self, root: nn.Module, leader: StepCache):
+        self.root, self.leader = root, leader
+        inputs, zeros = getattr(root, "input_blocks", None), getattr(root, "zero_convs", None)
+        middle, middle_out = getattr(root, "middle_block", None), getattr(root, "middle_block_out", None)
+        self.usable = (
+            leader.usable
+            and isinstance(inputs, nn.ModuleList)
+            and isinstance(zeros, nn.ModuleList)
+            and len(inputs) == len(zeros)
+            and isinstance(middle, nn.Module)
+            and isinstance(middle_out, nn.Module)
+            and leader.settings.cache_branch < len(inputs)
+        )
+        b = leader.settings.cache_branch
+        self.skipped: list[nn.Module] = [*inputs[b + 1 :], *zeros[b + 1 :], middle, middle_out] if self.usable else []
+        self._shapes: dict[tuple, tuple[torch.Size, torch.dtype, torch.device]] = {}
+        self._originals: list[tuple[nn.Module, bool, Any, Callable]] = []
+        self.shortened = 0  # module calls answered with zeros
+
+    def install(self) -> None:
+        try:
+            for i, module in enumerate(self.skipped):
+                self._wrap(i, module)
+        except BaseException:
+            self.remove()
+            raise
+
+    def _wrap(self, index: int, module: nn.Module) -> None:
+        own = "forward" in module.__dict__
+        original = module.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            x = args[0] if args else kwargs.get("x")
+            key = (index, tuple(x.shape)) if isinstance(x, torch.Tensor) else None
+            if key is not None and self.leader.cached_now and key in self._shapes:
+                self.shortened += 1
+                shape, dtype, device = self._shapes[key]
+                return torch.zeros(shape, dtype=dtype, device=device)
+            out = original(*args, **kwargs)
+            if key is not None and not self.leader.cached_now and isinstance(out, torch.Tensor):
+                self._shapes[key] = (out.shape, out.dtype, out.device)
+            return out
+
+        module.forward = forward
+        self._originals.append((module, own, original, forward))
+
+    def remove(self) -> None:
+        """Restore every wrapped module's ``forward`` exactly (see :meth:`StepCache.remove`)."""
+        for module, own, original, ours in reversed(self._originals):
+            if module.__dict__.get("forward") is ours:
+                if own:
+                    module.forward = original
+                else:
+                    del module.__dict__["forward"]
+        self._originals.clear()
+        self._shapes.clear()

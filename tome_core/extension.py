@@ -75,8 +75,9 @@ class PatchRegistry:
     def __init__(self) -> None:
         self._roots: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
-    def apply(self, model: Any, settings: ToMeSettings) -> None:
-        self._roots.add(apply_settings(model, settings).root)
+    def apply(self, model: Any, settings: ToMeSettings, leader: Any = None) -> None:
+        """Patch ``model`` (``leader``: the UNet's step cache, for a control model run inside the UNet's call)."""
+        self._roots.add(apply_settings(model, settings, leader).root)
 
     def clear(self, *also: Any) -> None:
         """Remove our patch from every module we patched and from the UNet of each of ``also`` (defensive: a

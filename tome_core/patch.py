@@ -66,7 +66,7 @@ from torch import nn
 
 from . import merge as tm
 from . import neighbours
-from .cache import CacheReport, StepCache
+from .cache import CacheReport, ControlFollower, StepCache
 from .settings import ToMeSettings
 from .steps import StepClock
 
@@ -233,7 +233,7 @@ class _CachedPlan:
 class Patch:
     """The token-merging patch of one root module. Create through :func:`apply_patch`."""
 
-    def __init__(self, root: nn.Module, settings: ToMeSettings):
+    def __init__(self, root: nn.Module, settings: ToMeSettings, leader: StepCache | None = None):
         self.root = root
         self.settings = settings
         self.clock = StepClock()
@@ -257,6 +257,7 @@ class Patch:
         self._plans_in_block_pre = settings.method == "merge" and (settings.merge_crossattn or settings.merge_mlp)
         self.auto_downsample = self._auto_downsample()
         self.cache = StepCache(root, settings) if settings.caches else None  # SettingsError before any hook
+        self.follower = ControlFollower(root, leader) if leader is not None else None  # a control model's
         self._install()
 
     # --- configuration ------------------------------------------------------------------------
@@ -317,6 +318,8 @@ class Patch:
         The blocks get token merging's hooks only where it has something to do (:attr:`ToMeSettings.merges`); the
         root's hook counts the forwards either way. :meth:`report` says where there was nothing to merge."""
         merges = bool(self.blocks) and self.settings.merges
+        if self.follower is not None and self.follower.usable:
+            self.follower.install()
         if not self.blocks and self.cache is None:
             return
         try:
@@ -367,6 +370,8 @@ class Patch:
         self._subs.clear()
         if self.cache is not None:
             self.cache.remove()
+        if self.follower is not None:
+            self.follower.remove()
         self.current = None
         self._active.clear()
         self._grids.clear()
@@ -693,15 +698,17 @@ def get_patch(model: Any) -> Patch | None:
     return None if root is None else root.__dict__.get(_ATTR)
 
 
-def apply_settings(model: Any, settings: ToMeSettings) -> Patch:
+def apply_settings(model: Any, settings: ToMeSettings, leader: StepCache | None = None) -> Patch:
     """Patch the UNet :func:`find_unet` resolves with validated settings, replacing (never stacking on) a
     patch already there. A model without transformer blocks gets a patch that merges nothing and says so
-    (:meth:`Patch.report`); ``TypeError`` (nothing patched) when there is no module at all."""
+    (:meth:`Patch.report`); ``TypeError`` (nothing patched) when there is no module at all. ``leader``: for a
+    ControlNet model that runs inside the UNet's call, the UNet's step cache, whose cached calls then shorten the
+    control model's forward (:class:`~tome_core.cache.ControlFollower`)."""
     root = find_unet(model)
     if root is None:
         raise TypeError(f"ToMe: no UNet module in {type(model).__name__}")
     remove_patch(root)
-    patch = Patch(root, settings)
+    patch = Patch(root, settings, leader)
     root.__dict__[_ATTR] = patch
     return patch
 

@@ -1,0 +1,285 @@
+"""Every mode's fidelity against plain sampling, on the two trained models (``python -m benchmarks.fidelity``).
+
+For each model (SD1.5 and SDXL layout), at its trained side and at 2x per side, and for each sampler: every mode
+samples the same seeds from the same noise (classifier-free guidance 7, the WebUI's sigmas, progress reported
+before every step as the WebUI script does), each seed conditioned on class ``seed % 10``. Reported, with bootstrap
+95 % intervals over seeds:
+
+* PSNR and SSIM of the final sample against plain's, paired by seed (``skimage.metrics``, 8-bit RGB);
+* the relative error of the guided ε against plain's at each step of *plain's* trajectory (the mode is fed plain's
+  inputs, so errors do not compound; its plan reuse and caches run as in sampling), on the first seeds;
+* class accuracy of the samples by the shipped classifier, and KID (×10³) between the samples' and the training
+  data's features in that classifier's feature space.
+
+Speed is not measured here (these models are small): the speed-up column and the plot take it from the real-width
+runs in ``benchmarks/runs/`` (see :mod:`benchmarks.fidelity.speed`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from benchmarks import modes as modes_
+from benchmarks import sampler as S
+
+from . import architectures as A
+from . import data
+from .loading import Model, load_classifier, load_model
+from .metrics import Estimate, bootstrap, kid_estimate, psnr_ssim
+
+BEGIN, END = "<!-- fidelity:begin -->", "<!-- fidelity:end -->"
+CFG = 7.0
+STEPS = 20
+LAYOUT_NAMES = {"sd15": "SD1.5 layout", "sdxl": "SDXL layout"}
+DATA_FEATURES = 1000  # training-data draws the KID compares against
+
+
+@dataclass(frozen=True)
+class Case:
+    layout: str
+    side: int
+    sampler: str
+
+    @property
+    def name(self) -> str:
+        return f"{LAYOUT_NAMES[self.layout]}, {self.side} px, {S.LABELS[self.sampler]}"
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    psnr: Estimate | None
+    ssim: Estimate | None
+    accuracy: Estimate
+    kid: Estimate
+    eps_error: list[float] = field(default_factory=list)  # per step, relative, over the first seeds
+
+    def to_json(self) -> dict:
+        est = {k: None if v is None else v.to_json() for k, v in vars(self).items() if isinstance(v, Estimate | None)}
+        return {**est, "mode": self.mode, "eps_error": self.eps_error}
+
+    @classmethod
+    def from_json(cls, d: dict) -> ModeResult:
+        def est(key: str) -> Estimate | None:
+            return None if d[key] is None else Estimate.from_json(d[key])
+
+        return cls(d["mode"], est("psnr"), est("ssim"), est("accuracy"), est("kid"), d["eps_error"])
+
+
+class Trajectory:
+    """What ``on_step`` saw of a sampling run: each step's input and guided ε."""
+
+    def __init__(self, sigmas: list[float]) -> None:
+        self.sigmas, self.x, self.eps = sigmas, [], []
+
+    def __call__(self, i: int, x: torch.Tensor, denoised: torch.Tensor) -> None:
+        self.x.append(x)
+        self.eps.append((x - denoised) / self.sigmas[i])
+
+
+def noise_for(seeds: range, side: int, channels: int) -> torch.Tensor:
+    """One unit-variance noise image per seed, each from its own generator (the same for every mode and size)."""
+    return torch.stack(
+        [torch.randn(channels, side, side, generator=torch.Generator().manual_seed(seed)) for seed in seeds]
+    )
+
+
+def labels_for(seeds: range, classes: int) -> torch.Tensor:
+    return torch.tensor([seed % classes for seed in seeds])
+
+
+def run_sampling(
+    model: Model,
+    mode: modes_.Mode,
+    noise: torch.Tensor,
+    labels: torch.Tensor,
+    sigmas: list[float],
+    sampler: str,
+    on_step=None,
+) -> torch.Tensor:
+    """One sampling run of ``mode`` (applied afresh, removed after)."""
+    patch = mode.apply(model.unet)
+    conditioning = S.batched(model.condition(labels), model.condition(torch.full_like(labels, -1)))
+    progress = None if patch is None else (lambda i, steps: patch.set_progress(i / steps))
+    try:
+        return S.sample(S.CFGDenoiser(model.unet, conditioning, CFG), noise, sigmas, sampler, progress, on_step)
+    finally:
+        modes_.PLAIN.apply(model.unet)
+
+
+def eps_errors(model: Model, mode: modes_.Mode, labels: torch.Tensor, plain: Trajectory) -> list[float]:
+    """The mode's guided ε at each input of plain's trajectory, relative to plain's (mode applied afresh)."""
+    patch = mode.apply(model.unet)
+    conditioning = S.batched(model.condition(labels), model.condition(torch.full_like(labels, -1)))
+    denoiser = S.CFGDenoiser(model.unet, conditioning, CFG)
+    steps = len(plain.x)
+    out = []
+    try:
+        for i, (x, eps) in enumerate(zip(plain.x, plain.eps)):
+            if patch is not None:
+                patch.set_progress(i / steps)
+            ours = denoiser.eps(x, plain.sigmas[i])
+            out.append(((ours - eps).norm() / eps.norm()).item())
+    finally:
+        modes_.PLAIN.apply(model.unet)
+    return out
+
+
+def features(images: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        return load_classifier().features(images).double().numpy()
+
+
+def accuracy_values(images: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        return (load_classifier()(images).argmax(1) == labels).double().numpy()
+
+
+def run_case(
+    model: Model,
+    case: Case,
+    mode_list: list[modes_.Mode],
+    seeds: int,
+    eps_seeds: int,
+    steps: int,
+    log,
+    data_features: int = DATA_FEATURES,
+) -> tuple[dict[str, ModeResult], torch.Tensor]:
+    """Every mode of ``mode_list`` on one case; also returns plain's samples (for the grid)."""
+    sigmas = S.schedule(case.sampler, steps)
+    seed_range = range(seeds)
+    noise = noise_for(seed_range, case.side, model.channels)
+    labels = labels_for(seed_range, len(model.classes))
+    reference = data.draw(data_features, case.side, seed=10_000 + case.side)[0]
+    data_features = features(reference)
+    plain_path = Trajectory(sigmas)
+    k = min(eps_seeds, seeds)
+    results: dict[str, ModeResult] = {}
+    plain = None
+    for mode in mode_list:
+        start = time.perf_counter()
+        if mode.name == "plain":
+            out = run_sampling(model, mode, noise, labels, sigmas, case.sampler, plain_path)
+            plain_path.x = [x[:k] for x in plain_path.x]
+            plain_path.eps = [e[:k] for e in plain_path.eps]
+            plain = out
+            psnr = ssim = None
+            errors = [0.0] * len(plain_path.x)
+        else:
+            assert plain is not None, "plain runs first"
+            out = run_sampling(model, mode, noise, labels, sigmas, case.sampler)
+            p, s = psnr_ssim(out, plain)
+            psnr, ssim = bootstrap(p), bootstrap(s)
+            errors = eps_errors(model, mode, labels[:k], plain_path)
+        results[mode.name] = ModeResult(
+            mode.name,
+            psnr,
+            ssim,
+            bootstrap(accuracy_values(out, labels)),
+            kid_estimate(features(out), data_features),
+            errors,
+        )
+        log(f"  {case.name}: {mode.label}: {time.perf_counter() - start:.0f} s")
+    assert plain is not None
+    return results, plain
+
+
+def untrained_accuracy(layout: str, seeds: int, steps: int) -> Estimate:
+    """Class accuracy of plain CFG samples from the same architecture, untrained (the gap that shows learning)."""
+    arch = A.ARCHITECTURES[layout]
+    unet, conditioner = A.build(arch, len(data.CLASSES), seed=0)
+    model = Model(layout, unet.eval().requires_grad_(False), conditioner.eval(), data.CLASSES, arch.size, arch.channels)
+    seed_range = range(seeds)
+    labels = labels_for(seed_range, len(data.CLASSES))
+    out = run_sampling(
+        model,
+        modes_.PLAIN,
+        noise_for(seed_range, arch.size, arch.channels),
+        labels,
+        S.schedule("euler", steps),
+        "euler",
+    )
+    return bootstrap(accuracy_values(out, labels))
+
+
+# --- the run -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run covers: per sampler, the modes (names) and the sides (multiples of the trained side)."""
+
+    seeds: int
+    eps_seeds: int
+    steps: int
+    samplers: dict[str, tuple[tuple[str, ...] | None, tuple[int, ...]]]
+    data_features: int = DATA_FEATURES
+
+
+DPMPP_MODES = (
+    "plain",
+    "exact-0.5",
+    "cache-2",
+    "cache-3",
+    "cache-3-from-0.2",
+    "cache-3+exact-0.5",
+    "cache-3-from-0.2+exact-0.5",
+)
+"""DPM++ 2M, where early cached steps are reported to hurt (DeepCache #9): the cache with and without a late start."""
+TWICE_MODES = (
+    "plain",
+    "tomesd",
+    *(m.name for m in modes_.TOME),
+    "cache-2",
+    "cache-3",
+    "cache-5",
+    "cache-3+exact-0.5",
+    "cache-3+todo-2",
+)
+"""At 2x the side (where a sampling run costs 5x more here): every token-merging mode, the cache alone at N = 2, 3, 5,
+and with ToMe's default and ToDo."""
+FULL = Plan(
+    64,
+    8,
+    STEPS,
+    {"euler": (None, (1,)), "dpmpp_2m": (DPMPP_MODES, (1,)), "euler@2x": (TWICE_MODES, (2,))},
+)
+QUICK_MODES = ("plain", "tomesd", "exact-0.5", "todo-2", "cache-3", "cache-3+exact-0.5")
+QUICK = Plan(4, 2, 3, {"euler": (QUICK_MODES, (1, 2)), "dpmpp_2m": (("plain", "cache-3"), (1,))}, data_features=64)
+
+
+def cases(plan: Plan) -> list[tuple[Case, tuple[str, ...] | None]]:
+    out = []
+    for layout, arch in A.ARCHITECTURES.items():
+        for key, (names, scales) in plan.samplers.items():
+            sampler = key.split("@")[0]  # "euler@2x": Euler again, with another list of modes
+            out += [(Case(layout, arch.size * scale, sampler), names) for scale in scales]
+    return out
+
+
+def run(plan: Plan, log, layouts: tuple[str, ...] = tuple(A.ARCHITECTURES), save=None) -> dict:
+    """Every case of ``plan`` on ``layouts``: per case, each mode's results; per layout, the untrained model's
+    accuracy; plain's samples per model and side (``grids``, for the sample grid). ``save(out)`` is called after
+    every case (a long run keeps what it measured)."""
+    out: dict = {"cases": [], "untrained": {}}
+    grids: dict[str, torch.Tensor] = {}
+    for layout in layouts:
+        out["untrained"][layout] = untrained_accuracy(layout, plan.seeds, plan.steps).to_json()
+        log(f"{layout}: untrained accuracy {out['untrained'][layout]}")
+        model = load_model(layout)
+        for case, names in (c for c in cases(plan) if c[0].layout == layout):
+            mode_list = modes_.for_layout(layout, names)
+            results, plain = run_case(
+                model, case, mode_list, plan.seeds, plan.eps_seeds, plan.steps, log, plan.data_features
+            )
+            out["cases"].append({"case": vars(case), "results": [r.to_json() for r in results.values()]})
+            if case.sampler == "euler":
+                grids[f"{LAYOUT_NAMES[layout]}, {case.side} px"] = plain[:40].half()  # 4 per class
+            if save is not None:
+                save(out, grids)
+    out["grids"] = grids
+    return out
