@@ -346,12 +346,14 @@ class Patch:
         old = self._subs.pop(key, None)
         for handle in old[1] if old is not None else ():
             handle.remove()
-        handles = [
-            sub.register_forward_pre_hook(self._make_sub_pre(block, name), with_kwargs=True),
-            sub.register_forward_hook(self._sub_post),
-        ]
+        handles: list[torch.utils.hooks.RemovableHandle] = []
         self._subs[key] = (sub, handles)
-        self._handles.extend(handles)
+        for register in (
+            lambda: sub.register_forward_pre_hook(self._make_sub_pre(block, name), with_kwargs=True),
+            lambda: sub.register_forward_hook(self._sub_post),
+        ):
+            handles.append(register())
+            self._handles.append(handles[-1])  # at once: a failure in the next one leaves nothing behind
 
     def _follow_subs(self, block: nn.Module) -> None:
         """Move the hooks of ``block``'s attention/MLP modules to the ones it holds now: Forge's object patches put an
