@@ -280,3 +280,4 @@ def test_adetailer_passes_on_forge_never_run_on_the_main_passes_patch(start, bui
     main = [s for s, out in zip(spy.calls, spy.outputs) if out.shape[-1] != 8]
     assert nested and all(s is None for s in nested)
     assert [s and s.ratio for s in main] == [0.5, 0.5, 0.3, 0.3] * 2 and clean(build)
+    assert len(res.images) == 2 and ext.ERROR_KEY not in res.js()  # both images, and no ToMe error in the infotext
