@@ -9,7 +9,8 @@ even after an error), ``before_process`` removes anything of ours left from befo
 ``process_before_every_sampling`` patches the model about to sample (first pass, hires pass, img2img)
 and Mikubill's ControlNet models, the first denoiser call of each pass patches Forge's ControlNet models
 (a ControlLora's exists only once sampling has started) and a model the refiner switched in,
-``post_sample`` writes what could not be merged, ``postprocess`` and ``p.close()`` remove every patch.
+``post_sample`` writes what could not be merged and removes the patches (nested generations in
+``postprocess_image``, such as ADetailer's, never meet them), ``postprocess`` and ``p.close()`` remove every patch.
 The model is always resolved by ``tome_core.find_unet`` (WebUI, Forge Classic, Forge engine alike).
 """
 
@@ -236,10 +237,12 @@ class ToMeScript(scripts.Script):
         _write_note(p, run)
 
     def post_sample(self, p: Any, ps: Any, *args: Any) -> None:
-        """After the sampling passes of a batch, before its infotext: say what could not be merged."""
+        """After the sampling passes of a batch, before its infotext: say what could not be merged, and unpatch. What
+        runs the UNet after this (ADetailer's inpainting passes in ``postprocess_image``) is another generation with a
+        lifecycle of its own, never the stale patch of this one; the next batch is patched again before it samples."""
         run: ext.Run | None = getattr(p, RUN_ATTR, None)
         if run is not None:
-            run.note(*registry.shortfalls())
+            _unpatch(run)
             _write_note(p, run)
 
     def postprocess(self, p: Any, processed: Any, *args: Any) -> None:

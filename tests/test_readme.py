@@ -89,3 +89,40 @@ def test_real_widths_lead_and_every_speedup_shown_was_measured():
     published = {f"{v:.2f}×" for v in PUBLISHED.values()}  # tomesd's own GPU numbers, quoted as such
     shown = set(re.findall(r"\d+\.\d+×", SPEEDUP_SECTION))
     assert shown <= measured | published, shown - measured - published
+
+
+NEIGHBOURS_SECTION = README[README.index("## With other extensions") :].split("\n## ", 1)[0]
+
+
+def _tests_named(cell: str) -> dict[str, list[str]]:
+    """``test_file.py: `test_a_*`, `test_b_*`; other.py: ...`` in a table cell -> {file: [patterns]}."""
+    named: dict[str, list[str]] = {}
+    for part in cell.split(";"):
+        match = re.search(r"`?(test_[a-z0-9_]+\.py)`?:(.*)", part)
+        if match:
+            named.setdefault(match.group(1), []).extend(re.findall(r"`(test_[a-z0-9_*]+)`", match.group(2)))
+    return named
+
+
+def test_every_row_of_the_extensions_table_names_tests_that_exist_and_every_neighbour_test_has_a_row():
+    """Each extension in "With other extensions" is backed by tests that exist (a renamed or dropped test fails here),
+    and no test of ``tests/test_neighbours_*.py`` is left out of the table."""
+    columns, rows = _table(NEIGHBOURS_SECTION, "| extension |")
+    assert columns[-1] == "checked" and len(rows) >= 9
+    defined = {
+        path.name: set(re.findall(r"^def (test_\w+)", path.read_text(encoding="utf-8"), re.M))
+        for path in (ROOT / "tests").glob("test_*.py")
+    }
+    covered: set[tuple[str, str]] = set()
+    for extension, cells in rows.items():
+        named = _tests_named(cells[-1])
+        assert named, f"{extension}: no test named"
+        for file, patterns in named.items():
+            assert file in defined and patterns, (extension, file)
+            for pattern in patterns:
+                regex = re.compile(re.escape(pattern).replace(r"\*", r"\w*") + "$")
+                hits = {name for name in defined[file] if regex.match(name)}
+                assert hits, f"{extension}: no test {pattern} in {file}"
+                covered |= {(file, name) for name in hits}
+    neighbours = {(f, n) for f, names in defined.items() if f.startswith("test_neighbours_") for n in names}
+    assert neighbours - covered == set()

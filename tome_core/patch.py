@@ -6,6 +6,9 @@ on the instance (ControlNet's reference-only) keep working:
 
 * a forward pre-hook on the root records the latent size of each UNet call and places it in the
   sampling (from the reported progress, else the timestep: see :meth:`Patch._root_pre`);
+* a forward pre/post-hook pair on each module holding transformer blocks (ldm/sgm/Forge ``SpatialTransformer``)
+  records the ``h x w`` grid of its 4-D input while it runs: the token grid of its blocks, read from the live
+  input, so that features resized inside the UNet (Kohya's HRFix / Deep Shrink) are merged as the grid they are;
 * a forward pre/post-hook pair on each transformer block marks the block input ``x`` whose tokens
   the merge plan is computed from: lazily in ``attn1``'s pre-hook when ``attn1`` is the only merge target,
   else in the block's pre-hook, since Forge's / ComfyUI's blocks add into ``x`` in place (``x += n``)
@@ -29,7 +32,16 @@ other blocks of that forward reuse it; with ``plan_interval = k`` a plan is reco
 ``k`` sampling steps. Steps are told apart by the reported progress (or, without one, the timestep);
 the UNet calls of one step are numbered, so separate cond and uncond calls each reuse their own plan.
 
-Any call whose token count does not fit the recorded geometry runs unmerged (warned once).
+A block's grid is the live one of its ``SpatialTransformer`` when its token count is that grid's; its level
+(what ``max_downsample`` and ToDo's factor read) is the latent-size level of that grid, or, for a grid resized
+inside the UNet, the nearest power of two by area. Without a live grid the level and grid come from the token count
+against the recorded latent size; a call whose token count fits neither runs unmerged (warned once).
+
+Another extension that takes an attention layer over (:mod:`tome_core.neighbours`: Hypertile's tiling, Mikubill's
+ControlNet-LLLite, a module that is no attention any more) gets that layer's input as it is, per call, and the
+report says where. A block whose ``attn1``/``attn2``/``ff`` was swapped for another module since the patch was
+applied (Forge's object patches, applied when sampling starts and taken off at the next model load) gets the hooks
+moved to the module it holds now, at its next call.
 
 With ``cache`` on (and ``cache_interval`` above 1) the patch also carries a step cache (:mod:`tome_core.cache`,
 DeepCache), placed per call by the same :class:`~tome_core.steps.StepClock`; both are applied and removed together.
@@ -43,6 +55,7 @@ SD3, Chroma: patched with no hooks at all), blocks whose ``attn1`` never ran (re
 from __future__ import annotations
 
 import logging
+import math
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -52,6 +65,7 @@ import torch
 from torch import nn
 
 from . import merge as tm
+from . import neighbours
 from .cache import CacheReport, ControlFollower, StepCache
 from .settings import ToMeSettings
 from .steps import StepClock
@@ -139,6 +153,7 @@ class _BlockCall:
     block: nn.Module
     x: torch.Tensor
     ordinal: int  # the block's index in ``Patch.blocks``: its plan slot and partition key
+    grid: tuple[int, int] | None = None  # the live h x w of its SpatialTransformer's input, when known
     plan: tm.MergePlan | None = None
     planned: bool = False
     attn1_ran: bool = False
@@ -153,11 +168,15 @@ class MergeReport:
     * ``forwards``: forwards of the patched module seen (0 with ``blocks == 0``: no hooks at all).
     * ``attn1_skipped``: blocks that ran inside the step schedule at a level ToMe acts on, with ``attn1`` a
       target (``merge_attn`` or ToDo), whose ``attn1`` module was never called (replaced by another
-      extension through Forge's ``patches_replace``: reference-only, StyleAlign, SAG).
+      extension through Forge's ``patches_replace``: reference-only, StyleAlign, SAG) or is no attention any more
+      (another extension's module in its place: Layer Diffuse's attention sharing).
     * ``query_only``: blocks whose ``attn1`` got full-length keys/values other than its input (an
       ``attn1_patch``, e.g. ControlLLLite): only the queries were merged there.
     * ``todo_off``: the same with ``method="downsample"``: keys/values were left as given, no ToDo there.
     * ``unfit``: blocks that ran unmerged because their token count did not fit the latent size (warned).
+    * ``aside``: ``(layer, reason, blocks)`` for layers left unmerged because another extension takes them over
+      (:func:`tome_core.neighbours.taken_over`: ``"self-attention"`` tiled by Hypertile, patched by ControlNet-LLLite,
+      …), counted where ToMe would have changed them.
     * ``cache``: the step cache's report (calls run in full and cached, where it stepped aside), when it is on.
     """
 
@@ -167,6 +186,7 @@ class MergeReport:
     query_only: int = 0
     todo_off: int = 0
     unfit: int = 0
+    aside: tuple[tuple[str, str, int], ...] = ()
     cache: CacheReport | None = None  # the step cache's calls and notes, when it is on
 
     @property
@@ -184,6 +204,7 @@ class MergeReport:
             (self.query_only, f"only queries merged in {self.query_only} {of} (an attn1 patch set keys/values)"),
             (self.todo_off, f"no token downsampling in {self.todo_off} {of} (an attn1 patch set keys/values)"),
             (self.unfit, f"{self.unfit} {of} unmerged (token count does not fit the latent size)"),
+            *((count, f"{layer} not merged in {count} {of} ({reason})") for layer, reason, count in self.aside),
         )
         return (*(text for count, text in counts if count), *cache)
 
@@ -197,6 +218,10 @@ class _Shortfalls:
     query_only: set[int] = field(default_factory=set)
     todo_off: set[int] = field(default_factory=set)
     unfit: set[int] = field(default_factory=set)
+    aside: dict[tuple[str, str], set[int]] = field(default_factory=dict)  # (layer, reason) -> blocks
+
+
+_LAYERS = {"attn1": "self-attention", "attn2": "cross-attention"}
 
 
 @dataclass
@@ -223,8 +248,11 @@ class Patch:
         self._plans: dict[tuple, _CachedPlan] = {}
         self._warned: set[str] = set()
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._subs: dict[tuple[int, str], tuple[nn.Module, list[torch.utils.hooks.RemovableHandle]]] = {}
         self.blocks = list(transformer_blocks(root))
         self._index = {id(block): i for i, block in enumerate(self.blocks)}
+        self._holder: dict[int, int] = {}  # block -> the module holding it (its SpatialTransformer)
+        self._grids: dict[int, tuple[int, int]] = {}  # holder -> h x w of its input while it runs
         self._shortfalls = _Shortfalls()
         self._plans_in_block_pre = settings.method == "merge" and (settings.merge_crossattn or settings.merge_mlp)
         self.auto_downsample = self._auto_downsample()
@@ -296,30 +324,59 @@ class Patch:
             return
         try:
             self._handles.append(self.root.register_forward_pre_hook(self._root_pre, with_kwargs=True))
+            for holder in _block_holders(self.root, self._index) if merges else ():
+                for block in holder.transformer_blocks:
+                    self._holder[id(block)] = id(holder)
+                self._handles.append(holder.register_forward_pre_hook(self._holder_pre, with_kwargs=True))
+                self._handles.append(holder.register_forward_hook(self._holder_post))
             for block in self.blocks if merges else ():
                 self._handles.append(block.register_forward_pre_hook(self._block_pre, with_kwargs=True))
                 self._handles.append(block.register_forward_hook(self._block_post))
                 for name, _flag in _TARGETS:
-                    sub = getattr(block, name)
-                    pre = self._make_sub_pre(block, name)
-                    self._handles.append(sub.register_forward_pre_hook(pre, with_kwargs=True))
-                    self._handles.append(sub.register_forward_hook(self._sub_post))
+                    self._hook_sub(block, name, getattr(block, name))
             if self.cache is not None:
                 self.cache.install()
         except BaseException:
             self.remove()
             raise
 
+    def _hook_sub(self, block: nn.Module, name: str, sub: nn.Module) -> None:
+        """Hook ``block``'s ``name`` (``attn1``/``attn2``/``ff``): a merge pre-hook and an unmerge post-hook."""
+        key = (id(block), name)
+        old = self._subs.pop(key, None)
+        for handle in old[1] if old is not None else ():
+            handle.remove()
+        handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._subs[key] = (sub, handles)
+        for register in (
+            lambda: sub.register_forward_pre_hook(self._make_sub_pre(block, name), with_kwargs=True),
+            lambda: sub.register_forward_hook(self._sub_post),
+        ):
+            handles.append(register())
+            self._handles.append(handles[-1])  # at once: a failure in the next one leaves nothing behind
+
+    def _follow_subs(self, block: nn.Module) -> None:
+        """Move the hooks of ``block``'s attention/MLP modules to the ones it holds now: Forge's object patches put an
+        extension's module in place of ``attn1`` when sampling starts (Layer Diffuse's attention sharing) and put the
+        original back when the next model is loaded, both after our hooks were placed."""
+        for name, _flag in _TARGETS:
+            sub = block._modules.get(name)
+            hooked = self._subs.get((id(block), name))
+            if isinstance(sub, nn.Module) and hooked is not None and hooked[0] is not sub:
+                self._hook_sub(block, name, sub)
+
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._subs.clear()
         if self.cache is not None:
             self.cache.remove()
         if self.follower is not None:
             self.follower.remove()
         self.current = None
         self._active.clear()
+        self._grids.clear()
         if self.root.__dict__.get(_ATTR) is self:
             del self.root.__dict__[_ATTR]
 
@@ -339,6 +396,7 @@ class Patch:
             self.size = call.size
         self.current = None
         self._active.clear()
+        self._grids.clear()
         self.active = self._in_schedule(call.progress)
         if call.restarted and not self.freeze_plans:
             self._plans.clear()
@@ -355,29 +413,58 @@ class Patch:
             return True
         return s.merges and (s.use_rand or self._caches_plans or s.start > 0 or s.end < 1)
 
+    def _holder_pre(self, holder: nn.Module, args: tuple, kwargs: dict) -> None:
+        """A SpatialTransformer starts: the grid of its 4-D input is its blocks' token grid for this call."""
+        x = args[0] if args else kwargs.get("x")
+        if isinstance(x, torch.Tensor) and x.dim() == 4:
+            self._grids[id(holder)] = (int(x.shape[2]), int(x.shape[3]))
+        else:
+            self._grids.pop(id(holder), None)
+
+    def _holder_post(self, holder: nn.Module, args: tuple, output: Any) -> None:
+        self._grids.pop(id(holder), None)
+
     def _block_pre(self, block: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._follow_subs(block)
         x = args[0] if args else kwargs.get("x")
         ok = self.active and isinstance(x, torch.Tensor) and x.dim() == 3
-        self.current = _BlockCall(block, x, self._index[id(block)]) if ok else None
+        grid = self._grids.get(self._holder.get(id(block), -1))
+        self.current = _BlockCall(block, x, self._index[id(block)], grid) if ok else None
         if self.current is not None and self._plans_in_block_pre:
             self._plan(self.current)  # before the block adds into x in place (Forge, ComfyUI)
 
     def _block_post(self, block: nn.Module, args: tuple, output: Any) -> None:
         call, self.current = self.current, None
-        if call is not None and not call.attn1_ran and self._acts_on_attn1(call.x.shape[1]):
+        if call is not None and not call.attn1_ran and self._acts_on(call, "attn1", call.x.shape[1]):
             self._shortfalls.attn1_skipped.add(self._index[id(block)])
 
-    def _acts_on_attn1(self, num_tokens: int) -> bool:
-        """Whether these settings change ``attn1`` in a block of ``num_tokens`` tokens: merge it (at least one
-        token at a level up to ``max_downsample``) or downsample its keys/values (a factor above 1 there)."""
+    def _acts_on(self, call: _BlockCall, name: str, num_tokens: int) -> bool:
+        """Whether these settings change ``name`` (``attn1``/``attn2``/``ff``) in a block call of ``num_tokens``
+        tokens: merge it (at least one token at a level up to ``max_downsample``) or, for ``attn1``, downsample its
+        keys/values (a factor above 1 there)."""
         s = self.settings
-        geometry = self._geometry(num_tokens, warn=False)
+        geometry = self._geometry(num_tokens, call, warn=False)
         if geometry is None:
             return False
         level = geometry[0]
         if s.method == "downsample":
-            return self._kv_factor(level) > 1
-        return s.merge_attn and level <= self._max_downsample(level) and int(num_tokens * s.ratio) > 0
+            return name == "attn1" and self._kv_factor(level) > 1
+        flag = getattr(s, dict(_TARGETS)[name])
+        return flag and level <= self._max_downsample(level) and int(num_tokens * s.ratio) > 0
+
+    def _steps_aside(self, call: _BlockCall, name: str, sub: nn.Module, num_tokens: int) -> bool:
+        """Whether another extension takes this attention call over (:func:`neighbours.taken_over`): then its input
+        stays as it is, counted in the report where ToMe would have changed it."""
+        reason = None if name == "ff" else neighbours.taken_over(sub)
+        if reason is None:
+            return False
+        if self._acts_on(call, name, num_tokens):
+            index = self._index[id(call.block)]
+            if name == "attn1" and reason == neighbours.REPLACED:
+                self._shortfalls.attn1_skipped.add(index)  # the same as an attn1 Forge never calls
+            else:
+                self._shortfalls.aside.setdefault((_LAYERS[name], reason), set()).add(index)
+        return True
 
     def _make_sub_pre(self, block: nn.Module, name: str):
         flag = dict(_TARGETS)[name]
@@ -389,11 +476,15 @@ class Patch:
                 return None
             if name == "attn1":
                 call.attn1_ran = True
-            if self.settings.method == "downsample":
-                return self._downsample_kv(call, name, args, kwargs)
-            if not getattr(self.settings, flag):
+            downsample = self.settings.method == "downsample"
+            if not (name == "attn1" if downsample else getattr(self.settings, flag)):
                 return None
             hidden = args[0] if args else kwargs.get("x")
+            tokens = hidden.shape[1] if isinstance(hidden, torch.Tensor) and hidden.dim() == 3 else None
+            if tokens is not None and self._steps_aside(call, name, sub, tokens):
+                return None
+            if downsample:
+                return self._downsample_kv(call, name, args, kwargs)
             plan = self._plan(call)
             if plan is None or not isinstance(hidden, torch.Tensor):
                 return None
@@ -446,7 +537,7 @@ class Patch:
         if name != "attn1" or not args or not isinstance(args[0], torch.Tensor) or args[0].dim() != 3:
             return None
         hidden = args[0]
-        geometry = self._geometry(hidden.shape[1])
+        geometry = self._geometry(hidden.shape[1], call)
         if geometry is None:
             return None
         downsample, h, w = geometry
@@ -484,22 +575,39 @@ class Patch:
             self._plans[key] = _CachedPlan(step, plan)
         return plan
 
-    def _geometry(self, num_tokens: int, warn: bool = True) -> tuple[int, int, int] | None:
-        """``(downsample, h, w)`` of the level with ``num_tokens`` tokens; None (warned once, the running
-        block counted as unfit) if none fits."""
+    def _geometry(
+        self, num_tokens: int, call: _BlockCall | None = None, warn: bool = True
+    ) -> tuple[int, int, int] | None:
+        """``(downsample, h, w)`` of a block call's ``num_tokens`` tokens: its live grid (:meth:`_holder_pre`) if
+        that has as many tokens, with the level of :meth:`_level_of`; else the level of the recorded latent size
+        with that many tokens; None (warned once, the block counted as unfit) if neither fits."""
+        call = self.current if call is None else call
+        grid = call.grid if call is not None else None
+        if grid is not None and grid[0] * grid[1] == num_tokens and self.size is not None:
+            return (self._level_of(grid), *grid)
         if self.size is not None:
             for level in level_sizes(*self.size):
                 if level[1] * level[2] == num_tokens:
                     return level
         if not warn:
             return None
-        if self.current is not None:
-            self._shortfalls.unfit.add(self._index[id(self.current.block)])
+        if call is not None:
+            self._shortfalls.unfit.add(self._index[id(call.block)])
         self._warn_once(
             "geometry",
             f"ToMe: a block with {num_tokens} tokens does not fit the latent size {self.size}; it runs unmerged",
         )
         return None
+
+    def _level_of(self, grid: tuple[int, int]) -> int:
+        """The downsample of a live grid: the latent-size level of that size, else (features resized inside the
+        UNet) the power of two nearest to the latent-to-grid ratio by area (at least 1)."""
+        assert self.size is not None
+        for downsample, h, w in level_sizes(*self.size):
+            if (h, w) == grid:
+                return downsample
+        ratio = math.sqrt(self.size[0] * self.size[1] / max(grid[0] * grid[1], 1))
+        return 2 ** max(0, round(math.log2(ratio)))
 
     def _make_plan(self, x: torch.Tensor, ordinal: int) -> tm.MergePlan | None:
         s = self.settings
@@ -540,6 +648,7 @@ class Patch:
             query_only=len(f.query_only),
             todo_off=len(f.todo_off),
             unfit=len(f.unfit),
+            aside=tuple((layer, reason, len(blocks)) for (layer, reason), blocks in f.aside.items()),
             cache=None if self.cache is None else self.cache.report(),
         )
 
@@ -551,6 +660,14 @@ class Patch:
         if kind not in self._warned:
             self._warned.add(kind)
             log.warning(message)
+
+
+def _block_holders(root: nn.Module, index: Mapping[int, int]) -> Iterator[nn.Module]:
+    """The modules whose ``transformer_blocks`` list holds blocks of ``index`` (ldm/sgm/Forge SpatialTransformer)."""
+    for module in root.modules():
+        inner = getattr(module, "transformer_blocks", None)
+        if isinstance(inner, nn.ModuleList) and any(id(block) in index for block in inner):
+            yield module
 
 
 def _first_level_with_blocks(root: nn.Module) -> int | None:

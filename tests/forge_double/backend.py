@@ -108,6 +108,7 @@ class ModelPatcher:
         self.load_device, self.offload_device, self.current_device = load_device, offload_device, current_device
         self.lora_patches: dict = {}
         self.object_patches: dict = {}
+        self.object_patches_backup: dict = {}
         self.model_options: dict[str, Any] = {"transformer_options": {}}
 
     def clone(self) -> ModelPatcher:
@@ -124,18 +125,81 @@ class ModelPatcher:
         to["patches"][name] = [*to["patches"].get(name, []), patch]
 
     def set_model_patch_replace(self, patch, name, block_name, number, transformer_index=None) -> None:
-        # set_model_options_patch_replace: copies the dicts on the way, so clones never share them
-        to = self.model_options["transformer_options"] = self.model_options["transformer_options"].copy()
-        replace = to["patches_replace"] = dict(to.get("patches_replace", {}))
-        replace[name] = dict(replace.get(name, {}))
-        key = (block_name, number) if transformer_index is None else (block_name, number, transformer_index)
-        replace[name][key] = patch
+        self.model_options = set_model_options_patch_replace(
+            self.model_options, patch, name, block_name, number, transformer_index
+        )
 
     def set_model_attn1_patch(self, patch) -> None:
         self.set_model_patch(patch, "attn1_patch")
 
+    def set_model_attn2_patch(self, patch) -> None:
+        self.set_model_patch(patch, "attn2_patch")
+
+    def set_model_attn1_replace(self, patch, block_name, number, transformer_index=None) -> None:
+        self.set_model_patch_replace(patch, "attn1", block_name, number, transformer_index)
+
     def set_model_attn1_output_patch(self, patch) -> None:
         self.set_model_patch(patch, "attn1_output_patch")
+
+    def set_model_input_block_patch(self, patch) -> None:
+        self.set_model_patch(patch, "input_block_patch")
+
+    def set_model_input_block_patch_after_skip(self, patch) -> None:
+        self.set_model_patch(patch, "input_block_patch_after_skip")
+
+    def set_model_output_block_patch(self, patch) -> None:
+        self.set_model_patch(patch, "output_block_patch")
+
+    def set_model_sampler_post_cfg_function(self, post_cfg_function, disable_cfg1_optimization=False) -> None:
+        """``base.py:141-142``: appended to ``sampler_post_cfg_function``, run after CFG on the denoised result."""
+        options = self.model_options = self.model_options.copy()
+        options["sampler_post_cfg_function"] = [*options.get("sampler_post_cfg_function", []), post_cfg_function]
+        if disable_cfg1_optimization:
+            options["disable_cfg1_optimization"] = True
+
+    def set_model_unet_function_wrapper(self, unet_wrapper_function) -> None:
+        """``base.py:147-148``: ``wrapper(apply_model, {"input", "timestep", "c", "cond_or_uncond"})`` instead of the
+        model call (``sampling_function.py:270-273``)."""
+        self.model_options["model_function_wrapper"] = unet_wrapper_function
+
+    def add_object_patch(self, name: str, obj) -> None:
+        """``base.py:197-198``: ``obj`` is put at ``name`` (dotted, from the model) when the model is loaded."""
+        self.object_patches[name] = obj
+
+    def forge_patch_model(self) -> None:
+        """``base.py:257-270``: every object patch set on the model, the originals kept."""
+        for name, obj in self.object_patches.items():
+            if name not in self.object_patches_backup:
+                self.object_patches_backup[name] = _get_attr(self.model, name)
+            _set_attr(self.model, name, obj)
+
+    def forge_unpatch_model(self) -> None:
+        """``base.py:272-282``: the originals back."""
+        for name, obj in self.object_patches_backup.items():
+            _set_attr(self.model, name, obj)
+        self.object_patches_backup = {}
+
+
+def _get_attr(obj, name: str):
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _set_attr(obj, name: str, value) -> None:
+    *parents, last = name.split(".")
+    setattr(_get_attr(obj, ".".join(parents)) if parents else obj, last, value)
+
+
+def set_model_options_patch_replace(model_options, patch, name, block_name, number, transformer_index=None):
+    """``backend/patcher/base.py``: a copy of ``model_options`` with the replace patch, copying the dicts on the way
+    (so clones and the options a post-CFG function changes never share them)."""
+    to = model_options["transformer_options"].copy()
+    replace = to["patches_replace"] = dict(to.get("patches_replace", {}))
+    replace[name] = dict(replace.get(name, {}))
+    key = (block_name, number) if transformer_index is None else (block_name, number, transformer_index)
+    replace[name][key] = patch
+    return {**model_options, "transformer_options": to}
 
 
 class UnetPatcher(ModelPatcher):
@@ -166,6 +230,21 @@ class UnetPatcher(ModelPatcher):
             out.append(pointer)
             pointer = pointer.previous_controlnet
         return out
+
+    def append_model_option(self, k: str, v) -> None:
+        self.model_options[k] = [*self.model_options.get(k, []), v]
+
+    def append_transformer_option(self, k: str, v) -> None:
+        to = self.model_options["transformer_options"]
+        to[k] = [*to.get(k, []), v]
+
+    def add_conditioning_modifier(self, modifier) -> None:
+        """``patcher/unet.py:113-115``: run by ``sampling_function`` before sampling_function_inner."""
+        self.append_model_option("conditioning_modifiers", modifier)
+
+    def add_block_modifier(self, modifier) -> None:
+        """``patcher/unet.py:153-155``: ``modifier(h, "before" | "after", transformer_options)`` around each block."""
+        self.append_transformer_option("block_modifiers", modifier)
 
     def set_model_replace_all(self, patch, target: str = "attn1") -> None:
         for block_name in ("input", "middle", "output"):
@@ -381,6 +460,14 @@ def calc_cond_uncond_batch(model: KModel, cond, uncond, x_in, timestep, model_op
     transformer_options = model_options.get("transformer_options", {}).copy()
     transformer_options["cond_or_uncond"] = cond_or_uncond[:]
     transformer_options["sigmas"] = timestep
+    n = int(timestep.shape[0])  # compute_cond_mark / compute_cond_indices (l.129-151)
+    transformer_options["cond_mark"] = torch.tensor([float(k) for k in cond_or_uncond for _ in range(n)])
+    transformer_options["cond_indices"] = [
+        i * n + j for i, k in enumerate(cond_or_uncond) if k == COND for j in range(n)
+    ]
+    transformer_options["uncond_indices"] = [
+        i * n + j for i, k in enumerate(cond_or_uncond) if k == UNCOND for j in range(n)
+    ]
     c["transformer_options"] = transformer_options
     if control is not None:
         pointer = control
@@ -388,30 +475,99 @@ def calc_cond_uncond_batch(model: KModel, cond, uncond, x_in, timestep, model_op
             pointer.transformer_options = transformer_options
             pointer = pointer.previous_controlnet
         c["control"] = control.get_control(input_x, timestep_, dict(c), len(cond_or_uncond))
-    output = model.apply_model(input_x, timestep_, **c).chunk(len(chunks))
+        c["control_model"] = control
+    if "model_function_wrapper" in model_options:
+        args = {"input": input_x, "timestep": timestep_, "c": c, "cond_or_uncond": cond_or_uncond}
+        output = model_options["model_function_wrapper"](model.apply_model, args).chunk(len(chunks))
+    else:
+        output = model.apply_model(input_x, timestep_, **c).chunk(len(chunks))
     return output[0], (output[1] if uncond is not None else output[0])
 
 
-def sampling_function(denoiser, denoiser_params, cond_scale: float):
-    """``sampling_function`` + ``sampling_function_inner``: the patcher is read afresh from the engine each call."""
-    unet_patcher = denoiser.inner_model.inner_model.forge_objects.unet
-    x, timestep = denoiser_params.x, denoiser_params.sigma
-    uncond = None if math.isclose(cond_scale, 1.0) else denoiser_params.text_uncond
-    extra = getattr(denoiser.inner_model.inner_model, "extra_conds", lambda n: {})(x.shape[0])
-    cond_pred, uncond_pred = calc_cond_uncond_batch(
-        unet_patcher.model,
-        denoiser_params.text_cond,
-        uncond,
+class Conds:
+    """What Forge's compiled conditions carry that the double's calls need: the cross-attention context, the
+    control linked list, the engine's extra conds (SDXL's ``y``). ``calc_cond_uncond_batch(model, cond, uncond, x,
+    sigma, model_options)`` takes these, as Forge's takes its compiled lists (post-CFG functions call it so)."""
+
+    def __init__(self, context: torch.Tensor, control=None, extra: dict | None = None):
+        self.context, self.control, self.extra = context, control, extra or {}
+
+
+def calc_cond_uncond_batch_of(model: KModel, cond: Conds, uncond: Conds | None, x, timestep, model_options):
+    """``calc_cond_uncond_batch`` as an extension calls it (SAG, PAG): compiled conds, the given ``model_options``."""
+    return calc_cond_uncond_batch(
+        model,
+        cond.context,
+        None if uncond is None else uncond.context,
         x,
         timestep,
-        unet_patcher.model_options,
-        control=unet_patcher.controlnet_linked_list,
-        extra=extra,
+        model_options,
+        control=cond.control,
+        extra=cond.extra,
     )
-    return uncond_pred + (cond_pred - uncond_pred) * cond_scale, cond_pred, uncond_pred
+
+
+def sampling_function_inner(model, x, timestep, uncond, cond, cond_scale, model_options, seed=None):
+    """``sampling_function.py:292-322``: CFG 1 drops the uncond unless ``disable_cfg1_optimization``; post-CFG
+    functions (SAG, PAG) get the denoised result and may run the model again."""
+    cfg1 = math.isclose(cond_scale, 1.0) and not model_options.get("disable_cfg1_optimization", False)
+    cond_pred, uncond_pred = calc_cond_uncond_batch_of(
+        model, cond, None if cfg1 else uncond, x, timestep, model_options
+    )
+    cfg_result = uncond_pred + (cond_pred - uncond_pred) * cond_scale
+    for fn in model_options.get("sampler_post_cfg_function", []):
+        args = {
+            "denoised": cfg_result,
+            "cond": cond,
+            "uncond": uncond,
+            "model": model,
+            "uncond_denoised": uncond_pred,
+            "cond_denoised": cond_pred,
+            "sigma": timestep,
+            "model_options": model_options,
+            "input": x,
+        }
+        cfg_result = fn(args)
+    return cfg_result, cond_pred, uncond_pred
+
+
+def sampling_function(denoiser, denoiser_params, cond_scale: float):
+    """``sampling_function`` (l.325-363): the patcher is read afresh from the engine each call; the conditioning
+    modifiers (reference-only's extra pass) run first."""
+    unet_patcher = denoiser.inner_model.inner_model.forge_objects.unet
+    model, x, timestep = unet_patcher.model, denoiser_params.x, denoiser_params.sigma
+    extra = getattr(denoiser.inner_model.inner_model, "extra_conds", lambda n: {})(x.shape[0])
+    control = unet_patcher.controlnet_linked_list
+    cond = Conds(denoiser_params.text_cond, control, extra)
+    uncond = Conds(denoiser_params.text_uncond, control, extra)
+    model_options, seed = unet_patcher.model_options, None
+    for modifier in model_options.get("conditioning_modifiers", []):
+        model, x, timestep, uncond, cond, cond_scale, model_options, seed = modifier(
+            model, x, timestep, uncond, cond, cond_scale, model_options, seed
+        )
+    return sampling_function_inner(model, x, timestep, uncond, cond, cond_scale, model_options, seed)
+
+
+_loaded: list[ModelPatcher] = []
+"""The patcher whose object patches are on its model (``memory_management.current_loaded_models``)."""
+
+
+def unload_model_clones(model: ModelPatcher) -> None:
+    """``memory_management.unload_model_clones``: a loaded clone of the same model is unloaded (its object patches
+    taken off)."""
+    if _loaded and _loaded[0].model is model.model:
+        _loaded.pop().forge_unpatch_model()
 
 
 def sampling_prepare(unet: UnetPatcher, x: torch.Tensor) -> None:
+    """``l.366-398``: ``load_models_gpu`` applies the patcher's object patches to the model, after the previous
+    patcher's were taken off (the real one takes them off when it unloads a model: at the next load of another
+    patcher, here too); then each ControlNet's ``pre_run``."""
+    if not _loaded or _loaded[0] is not unet:
+        if _loaded:
+            _loaded.pop().forge_unpatch_model()
+        unet.forge_patch_model()
+        _loaded.append(unet)
     real_model = unet.model
     for cnet in unet.list_controlnets():
         cnet.pre_run(real_model, real_model.predictor.percent_to_sigma)

@@ -30,6 +30,17 @@ from forge_double.unet import unet_from_ldm
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONTROLNET_DIR = os.path.join(HERE, "extensions_builtin", "sd_forge_controlnet")
 CLASSIC_XYZ_DIR = os.path.join(HERE, "extensions_builtin", "xyz")
+BUILTINS = (
+    "sd_forge_freeu",
+    "sd_forge_sag",
+    "sd_forge_perturbed_attention",
+    "sd_forge_kohya_hrfix",
+    "sd_forge_multidiffusion",
+    "sd_forge_stylealign",
+    "forge_preprocessor_reference",
+    "sd_forge_controlllite",
+)
+"""Doubles of Forge's built-ins that patch the UNet (``extensions_builtin/<name>``), loaded with ``builtins=True``."""
 
 default_script_args = webui.default_script_args
 
@@ -44,6 +55,8 @@ def reset_forge() -> None:
     webui.reset_webui()
     sd_models.reset()
     backend.CONTROL_MODELS.clear()
+    while backend._loaded:
+        backend._loaded.pop().forge_unpatch_model()
     _use_processing(webui_processing)
 
 
@@ -53,16 +66,18 @@ def start_forge(
     checkpoints: dict[str, Callable[[], backend.ForgeDiffusionEngine]],
     grid: str | None = "forge",
     controlnet: bool = True,
+    builtins: bool = False,
 ):
     """Full start-up: load the scripts in Forge's order, load the first checkpoint, before_ui, build both tabs.
 
     ``grid`` is "forge" (root ``scripts/xyz_grid.py``), "classic" (Forge Classic's ``extensions-builtin/xyz``)
-    or None."""
+    or None; ``builtins`` loads the doubles of :data:`BUILTINS` too (in the order of Forge's listing)."""
     reset_forge()
     _use_processing(forge_processing)
     if grid == "forge":
         webui.register_xyz_grid()
     builtin = ([CONTROLNET_DIR] if controlnet else []) + ([CLASSIC_XYZ_DIR] if grid == "classic" else [])
+    builtin += [os.path.join(HERE, "extensions_builtin", name) for name in sorted(BUILTINS) if builtins]
     for ext_dir in [*builtin, *extension_dirs]:
         webui.load_extension(ext_dir)
     for name, build in checkpoints.items():

@@ -7,8 +7,8 @@ in-place adds of ``BasicTransformerBlock._forward`` and its ``transformer_option
 ``["patches_replace"]`` protocol, ``transformer_depth`` per input block instead of ``attention_resolutions``,
 and upsampling to the skip connection's size. Attention runs through ``scaled_dot_product_attention``, as Forge
 does with ``--attention-pytorch``. Left out: gradient checkpointing (Forge raises if it is on), ``ff_in``
-(video models), 3-D convolutions, resblock up/down sampling, scale-shift norm, block (inner) modifiers other
-than what the tests need.
+(video models), 3-D convolutions, resblock up/down sampling, scale-shift norm, block inner modifiers, the
+group-norm wrapper.
 """
 
 from __future__ import annotations
@@ -348,20 +348,41 @@ class IntegratedUNet2DConditionModel(_Levels):
     def forward(self, x, timesteps=None, context=None, y=None, control=None, transformer_options={}, **kwargs):  # noqa: B006
         transformer_options["original_shape"] = list(x.shape)
         transformer_options["transformer_index"] = 0
+        patches = transformer_options.get("patches", {})
+        modifiers = transformer_options.get("block_modifiers", [])
+
+        def modify(h, flag):
+            for modifier in modifiers:
+                h = modifier(h, flag, transformer_options)
+            return h
+
         assert (y is not None) == (self.num_classes is not None)
         emb = self._embed(x, timesteps, y)
         hs, h = [], x
         for i, module in enumerate(self.input_blocks):
             transformer_options["block"] = ("input", i)
+            h = modify(h, "before")
             h = apply_control(module(h, emb, context, transformer_options), control, "input")
+            h = modify(h, "after")
+            for patch in patches.get("input_block_patch", ()):  # l.717-720
+                h = patch(h, transformer_options)
             hs.append(h)
+            for patch in patches.get("input_block_patch_after_skip", ()):  # l.722-725
+                h = patch(h, transformer_options)
         transformer_options["block"] = ("middle", 0)
+        h = modify(h, "before")
         h = apply_control(self.middle_block(h, emb, context, transformer_options), control, "middle")
+        h = modify(h, "after")
         for i, module in enumerate(self.output_blocks):
             transformer_options["block"] = ("output", i)
-            h = torch.cat([h, apply_control(hs.pop(), control, "output")], dim=1)
-            h = module(h, emb, context, transformer_options, hs[-1].shape if hs else None)
-        return self.out(h).type(x.dtype)
+            hsp = apply_control(hs.pop(), control, "output")
+            for patch in patches.get("output_block_patch", ()):  # l.737-740
+                h, hsp = patch(h, hsp, transformer_options)
+            h = modify(torch.cat([h, hsp], dim=1), "before")
+            h = modify(module(h, emb, context, transformer_options, hs[-1].shape if hs else None), "after")
+        transformer_options["block"] = ("last", 0)
+        h = modify(h, "before")
+        return modify(self.out(h), "after").type(x.dtype)
 
 
 class ControlNet(_Levels):

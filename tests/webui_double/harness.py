@@ -12,6 +12,8 @@ from modules import errors, script_callbacks, scripts, sd_models, shared
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 XYZ_PATH = os.path.join(HERE, "builtin_scripts", "xyz_grid.py")
+HYPERTILE_DIR = os.path.join(HERE, "extensions_builtin", "hypertile")
+"""the built-in Hypertile (its U-Net part): pass it first in ``extension_dirs``, as built-ins load before extensions"""
 
 
 def reset_webui():
@@ -67,6 +69,7 @@ def start_webui(extension_dirs=(), *, sd_model=None, with_xyz=True):
     if sd_model is not None:
         sd_models.load_model(sd_model)
     script_callbacks.before_ui_callback()
+    script_callbacks.ui_settings_callback()  # the settings page: extensions add their options here
     build_runner(False)
     build_runner(True)
     return scripts.scripts_txt2img, scripts.scripts_img2img
