@@ -8,6 +8,7 @@ python -m benchmarks.fidelity --render    # the section again from benchmarks/ru
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import torch
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--render", action="store_true", help="re-render the section from the saved runs")
+    parser.add_argument("--resume", action="store_true", help="keep the modes an interrupted run saved")
     args = parser.parse_args(argv)
     command = "python -m benchmarks.fidelity"
     if args.render:
@@ -70,7 +72,11 @@ def main(argv: list[str] | None = None) -> None:
             save_run_data(f"fidelity-{layout}", data, meta())
             torch.save(grids, RUNS / f"fidelity-{layout}-samples.pt")
 
-        data = B.run(plan, lambda s: print(s, flush=True), (layout,), save if write else None)
+        previous = None
+        if args.resume:
+            with contextlib.suppress(FileNotFoundError):  # nothing saved yet: a fresh run
+                previous = load_run_data(f"fidelity-{layout}")[0]
+        data = B.run(plan, lambda s: print(s, flush=True), (layout,), save if write else None, previous)
         data.pop("grids")
         print(report.section(data, meta(), command))
     if write:

@@ -104,7 +104,7 @@ def run_sampling(
     """One sampling run of ``mode`` (applied afresh, removed after)."""
     patch = mode.apply(model.unet)
     conditioning = S.batched(model.condition(labels), model.condition(torch.full_like(labels, -1)))
-    progress = None if patch is None else (lambda i, steps: patch.set_progress(i / steps))
+    progress = None if patch is None else (lambda i, steps: patch.set_progress(i / steps, steps))  # as the WebUI
     try:
         return S.sample(S.CFGDenoiser(model.unet, conditioning, CFG), noise, sigmas, sampler, progress, on_step)
     finally:
@@ -121,7 +121,7 @@ def eps_errors(model: Model, mode: modes_.Mode, labels: torch.Tensor, plain: Tra
     try:
         for i, (x, eps) in enumerate(zip(plain.x, plain.eps)):
             if patch is not None:
-                patch.set_progress(i / steps)
+                patch.set_progress(i / steps, steps)
             ours = denoiser.eps(x, plain.sigmas[i])
             out.append(((ours - eps).norm() / eps.norm()).item())
     finally:
@@ -148,8 +148,11 @@ def run_case(
     steps: int,
     log,
     data_features: int = DATA_FEATURES,
+    done: dict[str, ModeResult] | None = None,
+    on_result=None,
 ) -> tuple[dict[str, ModeResult], torch.Tensor]:
-    """Every mode of ``mode_list`` on one case; also returns plain's samples (for the grid)."""
+    """Every mode of ``mode_list`` on one case; also returns plain's samples (for the grid). Modes in ``done`` (an
+    earlier, interrupted run's) are taken as they are, plain is always run; ``on_result(results)`` after each mode."""
     sigmas = S.schedule(case.sampler, steps)
     seed_range = range(seeds)
     noise = noise_for(seed_range, case.side, model.channels)
@@ -162,6 +165,9 @@ def run_case(
     plain = None
     for mode in mode_list:
         start = time.perf_counter()
+        if done and mode.name in done and mode.name != "plain":
+            results[mode.name] = done[mode.name]
+            continue
         if mode.name == "plain":
             out = run_sampling(model, mode, noise, labels, sigmas, case.sampler, plain_path)
             plain_path.x = [x[:k] for x in plain_path.x]
@@ -184,6 +190,8 @@ def run_case(
             errors,
         )
         log(f"  {case.name}: {mode.label}: {time.perf_counter() - start:.0f} s")
+        if on_result is not None:
+            on_result(results)
     assert plain is not None
     return results, plain
 
@@ -252,22 +260,36 @@ def cases(plan: Plan) -> list[tuple[Case, tuple[str, ...] | None]]:
     return out
 
 
-def run(plan: Plan, log, layouts: tuple[str, ...] = tuple(A.ARCHITECTURES), save=None) -> dict:
+def run(
+    plan: Plan, log, layouts: tuple[str, ...] = tuple(A.ARCHITECTURES), save=None, previous: dict | None = None
+) -> dict:
     """Every case of ``plan`` on ``layouts``: per case, each mode's results; per layout, the untrained model's
-    accuracy; plain's samples per model and side (``grids``, for the sample grid). ``save(out)`` is called after
-    every case (a long run keeps what it measured)."""
+    accuracy; plain's samples per model and side (``grids``, for the sample grid). ``save(out, grids)`` is called
+    after every mode (a long run keeps what it measured); ``previous``: an interrupted run's data (same plan and
+    code), whose finished modes are kept."""
     out: dict = {"cases": [], "untrained": {}}
+    earlier = {Case(**c["case"]): c["results"] for c in (previous or {}).get("cases", [])}
     grids: dict[str, torch.Tensor] = {}
     for layout in layouts:
-        out["untrained"][layout] = untrained_accuracy(layout, plan.seeds, plan.steps).to_json()
+        untrained = (previous or {}).get("untrained", {}).get(layout)
+        out["untrained"][layout] = untrained or untrained_accuracy(layout, plan.seeds, plan.steps).to_json()
         log(f"{layout}: untrained accuracy {out['untrained'][layout]}")
         model = load_model(layout)
         for case, names in (c for c in cases(plan) if c[0].layout == layout):
             mode_list = modes_.for_layout(layout, names)
+            entry = {"case": vars(case), "results": []}
+            out["cases"].append(entry)
+
+            def on_result(results: dict[str, ModeResult], entry: dict = entry) -> None:
+                entry["results"] = [r.to_json() for r in results.values()]
+                if save is not None:
+                    save(out, grids)
+
+            done = {r["mode"]: ModeResult.from_json(r) for r in earlier.get(case, [])}
             results, plain = run_case(
-                model, case, mode_list, plan.seeds, plan.eps_seeds, plan.steps, log, plan.data_features
+                model, case, mode_list, plan.seeds, plan.eps_seeds, plan.steps, log, plan.data_features, done, on_result
             )
-            out["cases"].append({"case": vars(case), "results": [r.to_json() for r in results.values()]})
+            entry["results"] = [r.to_json() for r in results.values()]
             if case.sampler == "euler":
                 grids[f"{LAYOUT_NAMES[layout]}, {case.side} px"] = plain[:40].half()  # 4 per class
             if save is not None:
