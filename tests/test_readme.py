@@ -62,6 +62,7 @@ def _section(text: str, name: str) -> str:
 # README table header -> the RESULTS.md section (one benchmark's last run) it is copied from
 TABLES = {
     "| real width: model, size |": "real-cpu",  # python -m benchmarks.suite --real
+    "| step cache: model, size |": "cache",  # python -m benchmarks.cache (derived 20-step speed-ups, real width)
     "| model, size |": "suite",  # python -m benchmarks.suite (reduced widths: the shape of the curve)
     "| sampling: size |": "sampling",  # python -m benchmarks.sampling
 }
@@ -81,7 +82,7 @@ def test_speedup_tables_are_the_benchmarks_last_runs(header):
 
 def test_real_widths_lead_and_every_speedup_shown_was_measured():
     order = [SPEEDUP_SECTION.index(header) for header in TABLES]
-    assert order == sorted(order)  # real widths first, then the shape of the curve, then sampling
+    assert order == sorted(order)  # real widths (ToMe, then the cache), the shape of the curve, sampling
     results = (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
     measured = set()
     for header, name in TABLES.items():
@@ -89,6 +90,22 @@ def test_real_widths_lead_and_every_speedup_shown_was_measured():
     published = {f"{v:.2f}×" for v in PUBLISHED.values()}  # tomesd's own GPU numbers, quoted as such
     shown = set(re.findall(r"\d+\.\d+×", SPEEDUP_SECTION))
     assert shown <= measured | published, shown - measured - published
+
+
+QUALITY_SECTION = README[README.index("## Quality") :].split("\n## ", 1)[0]
+QUALITY_TABLES = ("| quality: mode |", "| quality, DPM++ 2M Karras: mode |")
+
+
+@pytest.mark.parametrize("header", QUALITY_TABLES)
+def test_quality_tables_are_the_fidelity_benchmarks_last_run(header):
+    """The README's quality figures are the trained models' (``python -m benchmarks.fidelity``), copied unchanged."""
+    results = _section((ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8"), "fidelity")
+    columns, measured = _table(results, header)
+    readme_columns, readme = _table(QUALITY_SECTION, header)
+    picked = [columns.index(column) for column in readme_columns]
+    assert readme and set(readme) <= set(measured)
+    for name, values in readme.items():
+        assert values == [measured[name][i] for i in picked], name
 
 
 NEIGHBOURS_SECTION = README[README.index("## With other extensions") :].split("\n## ", 1)[0]

@@ -7,6 +7,7 @@ import torch
 from PIL import Image
 
 from benchmarks import modes as modes_
+from benchmarks import sampler as S
 
 from . import architectures as A
 from .benchmark import BEGIN, CFG, END, LAYOUT_NAMES, Case, ModeResult
@@ -49,7 +50,8 @@ def summary_table(runs: list[tuple[Case, dict[str, ModeResult]]], sampler: str =
     if not cases:
         return ""
     short = {layout: LAYOUT_NAMES[layout].removesuffix(" layout") for layout in layouts}
-    header = ["quality: mode", *(f"{short[c.layout]} {c.side} px: PSNR dB, accuracy" for c, _ in cases)]
+    title = "quality: mode" if sampler == "euler" else f"quality, {S.LABELS[sampler]}: mode"
+    header = [title, *(f"{short[c.layout]} {c.side} px: PSNR dB, accuracy" for c, _ in cases)]
     header += [f"{short[layout]} speed-up (1024 px, real width)" for layout in layouts]
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     speed = {layout: speedups(layout) for layout in layouts}
@@ -158,23 +160,24 @@ def frontier_plot(data: dict, path=FRONTIER_PNG) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = load(data)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
-    for ax, layout in zip(axes, A.ARCHITECTURES):
-        side = 2 * A.ARCHITECTURES[layout].size
-        found = [(c, r) for c, r in runs if c.layout == layout and c.side == side and c.sampler == "euler"]
-        if not found:
-            continue
-        speed = speedups(layout)
-        for name, result in found[0][1].items():
-            if result.psnr is None or name not in speed:
-                continue
-            ax.scatter(speed[name], result.psnr.mean)
-            ax.annotate(modes_.MODES[name].label.removeprefix("ours: "), (speed[name], result.psnr.mean), fontsize=7)
-        ax.set_title(f"{LAYOUT_NAMES[layout]}: fidelity at {side} px, speed at 1024 px real width")
-        ax.set_xlabel("speed-up over plain (real width, CPU)")
+    runs = [(c, r) for c, r in load(data) if c.sampler == "euler"]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 9), squeeze=False)
+    for ax, (case, results) in zip(axes.flat, runs):
+        speed = speedups(case.layout)
+        points = sorted(
+            (speed[name], r.psnr.mean, name) for name, r in results.items() if r.psnr is not None and name in speed
+        )
+        for x, y, name in points:
+            ax.scatter(x, y, color="tab:orange" if (modes_.MODES[name].settings or {}).get("cache") else "tab:blue")
+            ax.annotate(modes_.MODES[name].label.removeprefix("ours: "), (x, y), fontsize=7)
+        frontier = [pt for pt in points if not any(o[0] >= pt[0] and o[1] > pt[1] for o in points)]
+        ax.plot([x for x, *_ in frontier], [y for _, y, _ in frontier], color="gray", lw=0.8, ls="--")
+        ax.set_title(f"{case.name}; speed at 1024 px real width", fontsize=9)
+        ax.set_xlabel("speed-up over plain (real width, CPU; orange: step cache)")
         ax.set_ylabel("PSNR vs plain (dB)")
         ax.grid(alpha=0.3)
+    for ax in axes.flat[len(runs) :]:
+        ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
