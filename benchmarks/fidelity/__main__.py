@@ -72,11 +72,13 @@ def main(argv: list[str] | None = None) -> None:
             save_run_data(f"fidelity-{layout}", data, meta())
             torch.save(grids, RUNS / f"fidelity-{layout}-samples.pt")
 
-        previous = None
+        previous, earlier_grids = None, None
         if args.resume:
             with contextlib.suppress(FileNotFoundError):  # nothing saved yet: a fresh run
                 previous = load_run_data(f"fidelity-{layout}")[0]
-        data = B.run(plan, lambda s: print(s, flush=True), (layout,), save if write else None, previous)
+                earlier_grids = torch.load(RUNS / f"fidelity-{layout}-samples.pt")
+        log = lambda s: print(s, flush=True)  # noqa: E731
+        data = B.run(plan, log, (layout,), save if write else None, previous, earlier_grids)
         data.pop("grids")
         print(report.section(data, meta(), command))
     if write:

@@ -232,9 +232,10 @@ class Plan:
 
 DPMPP_MODES = ("plain", "cache-3", "cache-3-from-0.2", "cache-3+exact-0.5", "cache-3-from-0.2+exact-0.5")
 """DPM++ 2M, where early cached steps are reported to hurt (DeepCache #9): the cache with and without a late start."""
-TWICE_MODES = ("plain", "tomesd", "exact-0.5", "exact-0.7", "todo-2", "cache-3", "cache-3+exact-0.5")
-"""At 2x the side, where a sampling run costs 7x more here (one CPU core has about two hours for both layouts): the
-built-in, ToMe's default and its strongest ratio, ToDo, the cache and the cache with ToMe's default."""
+TWICE_MODES = ("plain", "tomesd", "exact-0.5", "todo-2", "cache-3", "cache-3+exact-0.5")
+"""At 2x the side, where a sampling run costs 7x more here (the CPU had about an hour per layout): the built-in,
+ToMe's default, ToDo, the cache and the cache with ToMe's default (SDXL: no built-in, whose max downsample 1 merges
+nothing there: it samples as plain)."""
 SDXL_TRAINED_MODES = ("plain", "tomesd", "exact-0.5", "todo-2", "cache-2", "cache-3", "cache-5", "cache-3+exact-0.5")
 """SDXL at its trained side: its first transformer level has only 16 x 16 = 256 tokens there (1,024 at 2x), so a
 few modes only, for the cache above all."""
@@ -244,7 +245,11 @@ FULL = Plan(
     STEPS,
     {"euler": (None, (1,)), "dpmpp_2m": (DPMPP_MODES, (1,)), "euler@2x": (TWICE_MODES, (2,))},
     overrides={
-        "sdxl": {"euler": (SDXL_TRAINED_MODES, (1,)), "dpmpp_2m": (("plain", "cache-3", "cache-3-from-0.2"), (1,))}
+        "sdxl": {
+            "euler": (SDXL_TRAINED_MODES, (1,)),
+            "dpmpp_2m": (("plain", "cache-3", "cache-3-from-0.2"), (1,)),
+            "euler@2x": (tuple(m for m in TWICE_MODES if m != "tomesd"), (2,)),
+        }
     },
 )
 QUICK_MODES = ("plain", "tomesd", "exact-0.5", "todo-2", "cache-3", "cache-3+exact-0.5")
@@ -261,12 +266,18 @@ def cases(plan: Plan) -> list[tuple[Case, tuple[str, ...] | None]]:
 
 
 def run(
-    plan: Plan, log, layouts: tuple[str, ...] = tuple(A.ARCHITECTURES), save=None, previous: dict | None = None
+    plan: Plan,
+    log,
+    layouts: tuple[str, ...] = tuple(A.ARCHITECTURES),
+    save=None,
+    previous: dict | None = None,
+    earlier_grids: dict | None = None,
 ) -> dict:
     """Every case of ``plan`` on ``layouts``: per case, each mode's results; per layout, the untrained model's
     accuracy; plain's samples per model and side (``grids``, for the sample grid). ``save(out, grids)`` is called
     after every mode (a long run keeps what it measured); ``previous``: an interrupted run's data (same plan and
-    code), whose finished modes are kept."""
+    code), whose finished modes are kept, and its ``grids``."""
+    earlier_grids = earlier_grids or {}
     out: dict = {"cases": [], "untrained": {}}
     earlier = {Case(**c["case"]): c["results"] for c in (previous or {}).get("cases", [])}
     grids: dict[str, torch.Tensor] = {}
@@ -286,12 +297,18 @@ def run(
                     save(out, grids)
 
             done = {r["mode"]: ModeResult.from_json(r) for r in earlier.get(case, [])}
+            grid = f"{LAYOUT_NAMES[layout]}, {case.side} px"
+            if all(m.name in done for m in mode_list) and (case.sampler != "euler" or grid in earlier_grids):
+                entry["results"] = [done[m.name].to_json() for m in mode_list]  # finished before: kept as it is
+                if case.sampler == "euler":
+                    grids[grid] = earlier_grids[grid]
+                continue
             results, plain = run_case(
                 model, case, mode_list, plan.seeds, plan.eps_seeds, plan.steps, log, plan.data_features, done, on_result
             )
             entry["results"] = [r.to_json() for r in results.values()]
             if case.sampler == "euler":
-                grids[f"{LAYOUT_NAMES[layout]}, {case.side} px"] = plain[:40].half()  # 4 per class
+                grids[grid] = plain[:40].half()  # 4 per class
             if save is not None:
                 save(out, grids)
     out["grids"] = grids
