@@ -69,15 +69,20 @@ TABLES = {
 SPEEDUP_SECTION = README[README.index("## What speed-up to expect") :].split("\n## ", 1)[0]
 
 
+def _assert_copied(readme_section: str, header: str, results_section: str) -> None:
+    """The README table at ``header`` is rows and columns of the one in RESULTS.md's ``results_section``, unchanged."""
+    results = _section((ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8"), results_section)
+    columns, measured = _table(results, header)
+    readme_columns, readme = _table(readme_section, header)
+    picked = [columns.index(column) for column in readme_columns]
+    assert readme and set(readme) <= set(measured)
+    for name, values in readme.items():
+        assert values == [measured[name][i] for i in picked], name
+
+
 @pytest.mark.parametrize("header", TABLES)
 def test_speedup_tables_are_the_benchmarks_last_runs(header):
-    results = _section((ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8"), TABLES[header])
-    suite_columns, suite = _table(results, header)
-    readme_columns, readme = _table(SPEEDUP_SECTION, header)
-    picked = [suite_columns.index(column) for column in readme_columns]
-    assert readme and set(readme) <= set(suite)
-    for name, values in readme.items():
-        assert values == [suite[name][i] for i in picked], name
+    _assert_copied(SPEEDUP_SECTION, header, TABLES[header])
 
 
 def test_real_widths_lead_and_every_speedup_shown_was_measured():
@@ -99,13 +104,7 @@ QUALITY_TABLES = ("| quality: mode |", "| quality, DPM++ 2M Karras: mode |")
 @pytest.mark.parametrize("header", QUALITY_TABLES)
 def test_quality_tables_are_the_fidelity_benchmarks_last_run(header):
     """The README's quality figures are the trained models' (``python -m benchmarks.fidelity``), copied unchanged."""
-    results = _section((ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8"), "fidelity")
-    columns, measured = _table(results, header)
-    readme_columns, readme = _table(QUALITY_SECTION, header)
-    picked = [columns.index(column) for column in readme_columns]
-    assert readme and set(readme) <= set(measured)
-    for name, values in readme.items():
-        assert values == [measured[name][i] for i in picked], name
+    _assert_copied(QUALITY_SECTION, header, "fidelity")
 
 
 NEIGHBOURS_SECTION = README[README.index("## With other extensions") :].split("\n## ", 1)[0]

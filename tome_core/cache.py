@@ -106,6 +106,33 @@ class CacheReport:
     notes: tuple[str, ...] = ()
 
 
+_Replaced = tuple[nn.Module, bool, Any, Callable]
+"""An instance-level ``forward`` we put on a module: (module, whether it had one of its own, that one, ours)."""
+
+
+def _replace_forward(module: nn.Module, ours: Callable) -> _Replaced:
+    """Put ``ours`` as ``module``'s instance ``forward``; the record lets :func:`_restore_forwards` undo it exactly."""
+    own = "forward" in module.__dict__
+    record = (module, own, module.__dict__.get("forward"), ours)
+    module.forward = ours
+    return record
+
+
+def _restore_forwards(replaced: list[_Replaced]) -> bool:
+    """Undo :func:`_replace_forward`, last first (an instance ``forward`` only where there was one) and clear the
+    list; a ``forward`` another extension replaced over ours is left to it. Whether every one was still ours."""
+    intact = True
+    for module, own, original, ours in reversed(replaced):
+        if module.__dict__.get("forward") is not ours:
+            intact = False
+        elif own:
+            module.forward = original
+        else:
+            del module.__dict__["forward"]
+    replaced.clear()
+    return intact
+
+
 class StepCache:
     """The step cache of one UNet (see the module). Made and removed by :class:`tome_core.patch.Patch`."""
 
@@ -123,7 +150,7 @@ class StepCache:
         self._pass: _Pass | None = None  # its pass through the blocks running now
         self._passes = 0  # passes through the blocks so far in this call
         self._streams: dict[tuple, _Stream] = {}
-        self._originals: list[tuple[nn.Module, bool, Any, Callable]] = []
+        self._originals: list[_Replaced] = []
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._full = self._cached = 0
         self._notes: list[str] = []
@@ -155,7 +182,6 @@ class StepCache:
             raise
 
     def _wrap(self, index: int, module: nn.Module) -> None:
-        own = "forward" in module.__dict__
         original = module.forward
 
         def forward(*args: Any, **kwargs: Any) -> Any:
@@ -166,8 +192,7 @@ class StepCache:
                 self._pass.shapes[index] = (out.shape, out.dtype, out.device)
             return out
 
-        module.forward = forward
-        self._originals.append((module, own, original, forward))
+        self._originals.append(_replace_forward(module, forward))
 
     def remove(self) -> None:
         """Restore every wrapped block's ``forward`` exactly (an instance attribute only if it had one) and remove the
@@ -177,15 +202,8 @@ class StepCache:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        for module, own, original, ours in reversed(self._originals):
-            if module.__dict__.get("forward") is ours:
-                if own:
-                    module.forward = original
-                else:
-                    del module.__dict__["forward"]
-            else:
-                log.warning("ToMe: a UNet block's forward was replaced over the step cache's; left as it is")
-        self._originals.clear()
+        if not _restore_forwards(self._originals):
+            log.warning("ToMe: a UNet block's forward was replaced over the step cache's; left as it is")
 
     # --- per call ---------------------------------------------------------------------------------------
     def begin(self, call: Call) -> None:
@@ -338,7 +356,7 @@ class ControlFollower:
         b = leader.settings.cache_branch
         self.skipped: list[nn.Module] = [*inputs[b + 1 :], *zeros[b + 1 :], middle, middle_out] if self.usable else []
         self._shapes: dict[tuple, tuple[torch.Size, torch.dtype, torch.device]] = {}
-        self._originals: list[tuple[nn.Module, bool, Any, Callable]] = []
+        self._originals: list[_Replaced] = []
         self.shortened = 0  # module calls answered with zeros
 
     def install(self) -> None:
@@ -350,7 +368,6 @@ class ControlFollower:
             raise
 
     def _wrap(self, index: int, module: nn.Module) -> None:
-        own = "forward" in module.__dict__
         original = module.forward
 
         def forward(*args: Any, **kwargs: Any) -> Any:
@@ -365,16 +382,9 @@ class ControlFollower:
                 self._shapes[key] = (out.shape, out.dtype, out.device)
             return out
 
-        module.forward = forward
-        self._originals.append((module, own, original, forward))
+        self._originals.append(_replace_forward(module, forward))
 
     def remove(self) -> None:
         """Restore every wrapped module's ``forward`` exactly (see :meth:`StepCache.remove`)."""
-        for module, own, original, ours in reversed(self._originals):
-            if module.__dict__.get("forward") is ours:
-                if own:
-                    module.forward = original
-                else:
-                    del module.__dict__["forward"]
-        self._originals.clear()
+        _restore_forwards(self._originals)
         self._shapes.clear()
