@@ -134,6 +134,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -193,6 +194,7 @@ class ControlModelType(enum.Enum):
     T2I_Adapter = "T2I_Adapter, Chong Mou"
     AttentionInjection = "AttentionInjection, Lvmin Zhang"
     ControlLoRA = "ControlLoRA, Wu Hecong"
+    Controlllite = "Controlllite, Kohya"
 
     @property
     def is_controlnet(self) -> bool:
@@ -992,6 +994,9 @@ def clear_all_secondary_control_models(unet: nn.Module) -> None:
     """controlnet.py ~61-72: put back saved ``_forward`` / ``forward`` (as instance attributes; the saved
     ``*_cn_hijack`` attributes stay)."""
     _restore_secondary(torch_dfs(unet))
+    lllite = sys.modules.get("neighbours.controlnet_lllite")  # clear_all_lllite() (~72), where that double is loaded
+    if lllite is not None:
+        lllite.clear_all_lllite()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -1147,8 +1152,9 @@ class ControlNetScript:
                     if isinstance(unit.model, PlugableAdapter)
                     else ControlModelType.ControlNet
                 )
-                # controlnet.py ~426: cached models are handed out as a shallow copy of the wrapper
-                model_net = copy.copy(unit.model)
+                # controlnet.py ~416-426: cached models are handed out as a shallow copy of the wrapper (a
+                # Controlllite model is loaded afresh: here the same object)
+                model_net = unit.model if kind == ControlModelType.Controlllite else copy.copy(unit.model)
                 model_net.reset()
             param = ControlParams(
                 control_model=model_net,
@@ -1169,6 +1175,10 @@ class ControlNetScript:
                 param.used_hint_cond = param.hint_cond
                 param.used_hint_cond_latent = unit.reference_latent
             params.append(param)
+            if kind == ControlModelType.Controlllite:  # ~1180: LLLite patches the UNet's projections itself
+                model_net.hook(
+                    model=unet, cond=unit.image, weight=unit.weight, start=unit.guidance_start, end=unit.guidance_end
+                )
         self.latest_network = UnetHook(lowvram=False)
         self.latest_network.hook(model=unet, sd_ldm=sd_ldm, control_params=params, process=p)
         if self.on_hooked is not None:
