@@ -117,8 +117,16 @@ Reference-only / reference-adain (attention and group-norm injection)
   ``_forward`` is ``ToMeBlock._forward`` bound to the block, and it keeps merging tokens after
   ``tomesd.remove_patch`` resets the class, for every later generation of that UNet.
 
+ControlLLLite
+-------------
+* A Controlllite unit (``ControlModelType.Controlllite``, loaded afresh, not copied: controlnet.py ~416-420) holds
+  the LLLite model itself as ``control_model`` (``PlugableControlLLLite``, no ControlNet: no transformer blocks);
+  ``controlnet_main_entry`` calls its ``hook(model=unet, cond=hint, weight, start, end)`` (~1180), which wraps the
+  UNet's projections; ``clear_all_secondary_control_models`` ends with ``clear_all_lllite()`` (~72).  The model is
+  ``tests/neighbours/controlnet_lllite.py``'s double (used here when that module is loaded).
+
 Not modelled: SDXL paths (revision, label_emb, 10 residuals), inpaint 9-channel hijack, colorfix / inpaint_only
-post-processing, lowvram/medvram moves, control LoRA, IP-Adapter, ControlLLLite, union/InstantID, batch options
+post-processing, lowvram/medvram moves, control LoRA, IP-Adapter, union/InstantID, batch options
 beyond what ``hook`` needs, VAE encoding (replaced by a deterministic stand-in, see ``UnetHook.encode_hint``).
 
 API summary
