@@ -117,8 +117,16 @@ Reference-only / reference-adain (attention and group-norm injection)
   ``_forward`` is ``ToMeBlock._forward`` bound to the block, and it keeps merging tokens after
   ``tomesd.remove_patch`` resets the class, for every later generation of that UNet.
 
+ControlLLLite
+-------------
+* A Controlllite unit (``ControlModelType.Controlllite``, loaded afresh, not copied: controlnet.py ~416-420) holds
+  the LLLite model itself as ``control_model`` (``PlugableControlLLLite``, no ControlNet: no transformer blocks);
+  ``controlnet_main_entry`` calls its ``hook(model=unet, cond=hint, weight, start, end)`` (~1180), which wraps the
+  UNet's projections; ``clear_all_secondary_control_models`` ends with ``clear_all_lllite()`` (~72).  The model is
+  ``tests/neighbours/controlnet_lllite.py``'s double (used here when that module is loaded).
+
 Not modelled: SDXL paths (revision, label_emb, 10 residuals), inpaint 9-channel hijack, colorfix / inpaint_only
-post-processing, lowvram/medvram moves, control LoRA, IP-Adapter, ControlLLLite, union/InstantID, batch options
+post-processing, lowvram/medvram moves, control LoRA, IP-Adapter, union/InstantID, batch options
 beyond what ``hook`` needs, VAE encoding (replaced by a deterministic stand-in, see ``UnetHook.encode_hint``).
 
 API summary
@@ -134,6 +142,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -193,6 +202,7 @@ class ControlModelType(enum.Enum):
     T2I_Adapter = "T2I_Adapter, Chong Mou"
     AttentionInjection = "AttentionInjection, Lvmin Zhang"
     ControlLoRA = "ControlLoRA, Wu Hecong"
+    Controlllite = "Controlllite, Kohya"
 
     @property
     def is_controlnet(self) -> bool:
@@ -992,6 +1002,9 @@ def clear_all_secondary_control_models(unet: nn.Module) -> None:
     """controlnet.py ~61-72: put back saved ``_forward`` / ``forward`` (as instance attributes; the saved
     ``*_cn_hijack`` attributes stay)."""
     _restore_secondary(torch_dfs(unet))
+    lllite = sys.modules.get("neighbours.controlnet_lllite")  # clear_all_lllite() (~72), where that double is loaded
+    if lllite is not None:
+        lllite.clear_all_lllite()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -1147,8 +1160,9 @@ class ControlNetScript:
                     if isinstance(unit.model, PlugableAdapter)
                     else ControlModelType.ControlNet
                 )
-                # controlnet.py ~426: cached models are handed out as a shallow copy of the wrapper
-                model_net = copy.copy(unit.model)
+                # controlnet.py ~416-426: cached models are handed out as a shallow copy of the wrapper (a
+                # Controlllite model is loaded afresh: here the same object)
+                model_net = unit.model if kind == ControlModelType.Controlllite else copy.copy(unit.model)
                 model_net.reset()
             param = ControlParams(
                 control_model=model_net,
@@ -1169,6 +1183,10 @@ class ControlNetScript:
                 param.used_hint_cond = param.hint_cond
                 param.used_hint_cond_latent = unit.reference_latent
             params.append(param)
+            if kind == ControlModelType.Controlllite:  # ~1180: LLLite patches the UNet's projections itself
+                model_net.hook(
+                    model=unet, cond=unit.image, weight=unit.weight, start=unit.guidance_start, end=unit.guidance_end
+                )
         self.latest_network = UnetHook(lowvram=False)
         self.latest_network.hook(model=unet, sd_ldm=sd_ldm, control_params=params, process=p)
         if self.on_hooked is not None:

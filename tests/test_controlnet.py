@@ -12,7 +12,8 @@ import pytest
 import tiny_models
 import torch
 from generation import identical, tome_args
-from modules import scripts
+from modules import errors, infotext_utils, scripts
+from neighbours import controlnet_lllite
 
 import tome_core
 from tome_core import controlnet as tcn
@@ -138,6 +139,38 @@ def test_reference_modes_work_with_tome_and_after_it(webui, sd_model, mode):
     assert any(not torch.equal(a, b) for a, b in zip(on, off_before))  # merged while reference-only is active
     assert identical(off_after, off_before)  # nothing stale pinned afterwards
     assert all(tome_core.get_patch(m) is None for m in [unet, *transformer_blocks(unet)])
+
+
+def test_controlnet_lllite_unit_has_nothing_to_merge_and_its_layers_are_left_alone_with_a_note(webui, sd_model):
+    """An LLLite model is a unit's ``control_model`` but no ControlNet, and (as Mikubill's ``PlugableControlLLLite``)
+    keeps its modules in a dict named ``modules``, over ``nn.Module.modules()``: looking for blocks in it raised
+    ``TypeError: 'dict' object is not callable`` in the real A1111, so ToMe's script failed and the image came out
+    unmerged, with a traceback in the log and no note. It has no blocks: the UNet is merged, except where LLLite
+    patches the layers, and the note says so."""
+    unet = sd_model.model.diffusion_model
+    model = controlnet_lllite.make(unet, seed=11)
+    unit = cnd.ControlNetUnit(model=model, image=hint(64, 64), control_model_type=cnd.ControlModelType.Controlllite)
+    cn = add_controlnet(webui, [])
+    reported, outputs = len(errors.reported), {}
+    handle = unet.register_forward_hook(lambda m, a, out: outputs.setdefault(key, []).append(out.clone()))
+    runs = (("plain", None), ("alone", None), ("top", tome_args(webui)), ("md2", tome_args(webui, max_downsample="2")))
+    try:
+        for key, args in runs:
+            cn.units = [unit] if key != "plain" else []
+            res, (calls,) = run(webui, args, sd_model, [unet])
+            assert len(errors.reported) == reported and ext.ERROR_KEY not in res.js()
+            assert not controlnet_lllite.all_hack  # ControlNet cleared LLLite after the generation
+            if args is not None:
+                assert calls and all(s is not None for s in calls)
+                assert infotext_utils.parse_generation_parameters(res.infotexts[0]).get(ext.NOTE_KEY) == (
+                    "self-attention not merged in 5 of 16 blocks (ControlNet-LLLite patches it)"
+                )
+    finally:
+        handle.remove()
+    assert not identical(outputs["alone"], outputs["plain"])  # LLLite acts
+    assert identical(outputs["top"], outputs["alone"])  # ToMe's only level is LLLite's here: nothing else to merge
+    assert not identical(outputs["md2"], outputs["alone"])  # the level below is merged
+    assert model.calls and all(n == h * w for n, h, w in model.calls)  # LLLite always got its full grid
 
 
 def test_control_models_lookup_ignores_other_scripts_and_missing_network(webui, control):

@@ -116,7 +116,9 @@ def is_transformer_block(module: nn.Module) -> bool:
 
 
 def transformer_blocks(root: nn.Module) -> Iterator[nn.Module]:
-    return (m for m in root.modules() if is_transformer_block(m))
+    # nn.Module.modules, not root.modules: another extension's module may shadow it (Mikubill's ControlNet-LLLite
+    # model keeps its modules in a dict named ``modules``, controlnet_lllite.py l.153)
+    return (m for m in nn.Module.modules(root) if is_transformer_block(m))
 
 
 def has_transformer_blocks(root: nn.Module) -> bool:
@@ -664,7 +666,7 @@ class Patch:
 
 def _block_holders(root: nn.Module, index: Mapping[int, int]) -> Iterator[nn.Module]:
     """The modules whose ``transformer_blocks`` list holds blocks of ``index`` (ldm/sgm/Forge SpatialTransformer)."""
-    for module in root.modules():
+    for module in nn.Module.modules(root):  # as in transformer_blocks
         inner = getattr(module, "transformer_blocks", None)
         if isinstance(inner, nn.ModuleList) and any(id(block) in index for block in inner):
             yield module

@@ -61,15 +61,53 @@ class LLLiteModule(nn.Module):
         return self.up(self.mid(cx))
 
 
-class LLLite:
-    """What ``hook`` returns: the modules, and every ``(tokens, h, w)`` they were called with."""
+class LLLite(nn.Module):
+    """``PlugableControlLLLite`` (l.115-158): what a ControlNet unit holds as its ``control_model`` (a module, not a
+    ControlNet: no transformer blocks). As the real one, it registers each LLLite module as a child and keeps them in
+    a dict named ``modules`` too (l.153), an instance attribute over ``nn.Module.modules()``. ``hook`` attaches them to
+    a UNet (l.160-197); ``calls`` is every ``(tokens, h, w)`` they were called with (test-only)."""
 
     def __init__(self, modules: dict[str, LLLiteModule]):
-        self.modules = modules
+        super().__init__()
+        for name, module in modules.items():
+            setattr(self, name, module)
+        self.modules = modules  # as the real one: shadows nn.Module.modules on the instance
+        self.cache: dict = {}
+
+    def reset(self) -> None:
+        self.cache = {}
 
     @property
     def calls(self) -> list[tuple[int, int, int]]:
         return [c for m in self.modules.values() for c in m.calls]
+
+    @torch.no_grad()
+    def hook(self, model: nn.Module, cond: torch.Tensor, weight: float, start: float = 0.0, end: float = 1.0):
+        """As ControlNet calls it for a Controlllite unit (controlnet.py ~1180): ``cond`` in 0..1."""
+        for module in self.modules.values():
+            module.set_cond_image(cond * 2.0 - 1.0)
+        for name, module in self.modules.items():
+            root, index, attn, proj = _target_of(name)
+            target = getattr(
+                getattr(getattr(model, f"{root}_blocks")[index][1].transformer_blocks[0], attn), f"to_{proj}"
+            )
+            if not getattr(target, "lllite_list", None):
+                target.lllite_list = []
+                all_hack[target] = target.forward
+                target.forward = _hacked_forward(target.forward, model, target, weight)
+            target.lllite_list.append(module)
+
+        def record_shape(module, args):
+            model.current_h_shape = tuple(args[0].shape)
+
+        for seq in (*model.input_blocks, model.middle_block, *model.output_blocks):
+            _handles.append(seq.register_forward_pre_hook(record_shape))
+
+
+def _target_of(name: str) -> tuple[str, int, str, str]:
+    """``lllite_unet_input_blocks_1_1_transformer_blocks_0_attn1_to_q`` -> ("input", 1, "attn1", "q")."""
+    parts = name.split("_")
+    return parts[2], int(parts[4]), parts[-3], parts[-1]
 
 
 def _hacked_forward(original, model: nn.Module, blk: nn.Module, weight: float):
@@ -83,33 +121,27 @@ def _hacked_forward(original, model: nn.Module, blk: nn.Module, weight: float):
     return forward
 
 
-def hook(unet: nn.Module, hint: torch.Tensor, blocks: str = "top", weight: float = 1.0) -> LLLite:
-    """LLLite on attn1 (q, k, v) and attn2 (q) of the top-level blocks (``blocks="top"``: input 1-2, output 9-11) of
-    an ldm SD-layout UNet, with random weights, the control image ``hint`` (B, 3, H, W) in 0..1."""
+def make(unet: nn.Module, blocks: str = "top", seed: int = 0) -> LLLite:
+    """A random-weight LLLite model for an ldm SD-layout UNet: attn1 (q, k, v) and attn2 (q) of the top-level blocks
+    (``blocks="top"``: input 1-2, output 9-11), sized from ``unet``'s projections; not attached yet."""
     assert blocks == "top"
     names = [("input", i) for i in (1, 2)] + [("output", i) for i in (9, 10, 11)]
     modules: dict[str, LLLiteModule] = {}
-    for seed, (root, index) in enumerate(names):
+    for k, (root, index) in enumerate(names):
         block = getattr(unet, f"{root}_blocks")[index][1].transformer_blocks[0]
         for attn, projs in (("attn1", "qkv"), ("attn2", "q")):
             for proj in projs:
                 target = getattr(getattr(block, attn), f"to_{proj}")
                 name = f"lllite_unet_{root}_blocks_{index}_1_transformer_blocks_0_{attn}_to_{proj}"
-                module = LLLiteModule(name, target.in_features, seed=seed * 8 + len(modules))
-                module.set_cond_image(hint * 2.0 - 1.0)
-                modules[name] = module
-                if not getattr(target, "lllite_list", None):
-                    target.lllite_list = []
-                    all_hack[target] = target.forward
-                    target.forward = _hacked_forward(target.forward, unet, target, weight)
-                target.lllite_list.append(module)
-
-    def record_shape(module, args):
-        unet.current_h_shape = tuple(args[0].shape)
-
-    for seq in (*unet.input_blocks, unet.middle_block, *unet.output_blocks):
-        _handles.append(seq.register_forward_pre_hook(record_shape))
+                modules[name] = LLLiteModule(name, target.in_features, seed=seed + k * 8 + len(modules))
     return LLLite(modules)
+
+
+def hook(unet: nn.Module, hint: torch.Tensor, blocks: str = "top", weight: float = 1.0) -> LLLite:
+    """LLLite on ``unet`` (see :func:`make`), with the control image ``hint`` (B, 3, H, W) in 0..1."""
+    lllite = make(unet, blocks)
+    lllite.hook(unet, hint, weight)
+    return lllite
 
 
 def clear_all_lllite() -> None:
