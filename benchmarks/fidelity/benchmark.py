@@ -230,12 +230,13 @@ class Plan:
     """Per layout, samplers whose modes or sides differ from ``samplers``."""
 
 
-DPMPP_MODES = ("plain", "cache-3", "cache-3-from-0.2", "cache-3+exact-0.5", "cache-3-from-0.2+exact-0.5")
+DPMPP_MODES = ("plain", "cache-3", "cache-3-from-0.2", "cache-3+exact-0.5")
 """DPM++ 2M, where early cached steps are reported to hurt (DeepCache #9): the cache with and without a late start."""
-TWICE_MODES = ("plain", "tomesd", "exact-0.5", "todo-2", "cache-3", "cache-3+exact-0.5")
-"""At 2x the side, where a sampling run costs 7x more here (the CPU had about an hour per layout): the built-in,
-ToMe's default, ToDo, the cache and the cache with ToMe's default (SDXL: no built-in, whose max downsample 1 merges
-nothing there: it samples as plain)."""
+TWICE_MODES = ("plain", "exact-0.5", "todo-2", "cache-3", "cache-3+exact-0.5")
+"""At 2x the side, where a sampling run costs 7x more here (the CPU had about an hour per layout): ToMe's default,
+ToDo, the cache and the cache with ToMe's default."""
+EULER_MODES = tuple(m for m in modes_.MODES if "-from-" not in m)
+"""Euler at the trained side: every mode but the late-start cache (that one is for DPM++)."""
 SDXL_TRAINED_MODES = ("plain", "tomesd", "exact-0.5", "todo-2", "cache-2", "cache-3", "cache-5", "cache-3+exact-0.5")
 """SDXL at its trained side: its first transformer level has only 16 x 16 = 256 tokens there (1,024 at 2x), so a
 few modes only, for the cache above all."""
@@ -243,12 +244,11 @@ FULL = Plan(
     64,
     8,
     STEPS,
-    {"euler": (None, (1,)), "dpmpp_2m": (DPMPP_MODES, (1,)), "euler@2x": (TWICE_MODES, (2,))},
+    {"euler": (EULER_MODES, (1,)), "dpmpp_2m": (DPMPP_MODES, (1,)), "euler@2x": (TWICE_MODES, (2,))},
     overrides={
         "sdxl": {
             "euler": (SDXL_TRAINED_MODES, (1,)),
             "dpmpp_2m": (("plain", "cache-3", "cache-3-from-0.2"), (1,)),
-            "euler@2x": (tuple(m for m in TWICE_MODES if m != "tomesd"), (2,)),
         }
     },
 )
