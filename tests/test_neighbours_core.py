@@ -196,6 +196,42 @@ def test_animatediff_frames_share_one_partition_and_motion_modules_see_every_tok
     animatediff.restore(unet, mm)
 
 
+def test_animatediff_context_windows_of_a_step_share_its_partitions(unet, monkeypatch):
+    """More frames than AnimateDiff's *Context batch size*: its ``mm_sd_forward`` (animatediff_infv2v.py l.154-169)
+    calls the UNet once per context window of a step (the window's frames, cond then uncond), at the step's timestep.
+    Every window must get the step's partitions (a frame in two windows, or next to a frame of another window, is
+    merged alike), and the next step others. Seen so in the real A1111 (8 frames, context 4: 4 windows a step)."""
+    drawn: list[torch.Tensor] = []
+    partition = tm.make_partition
+
+    def make_partition(h, w, *args, **kwargs):
+        part = partition(h, w, *args, **kwargs)
+        drawn.append(part.dst.clone())
+        return part
+
+    monkeypatch.setattr(tm, "make_partition", make_partition)
+    holder = Holder(unet)
+    context, video = 2, 4
+    mm = animatediff.inject(unet, frames=context)
+    x, _, ctx = inputs(batch=video, h=16, w=16)
+    windows = [[0, 1], [2, 3], [3, 0]]
+    tome_core.apply_patch(holder, ratio=0.5, use_rand=True, seed=3)
+    per_step = []
+    for t in (601.0, 401.0):
+        calls = []
+        for window in windows:
+            drawn.clear()
+            idx = window + window  # cond and uncond of the window's frames, as with batch_cond_uncond
+            out = unet(x[idx], torch.full((2 * context,), t), ctx[idx])
+            assert torch.isfinite(out).all()
+            calls.append([d.tolist() for d in drawn])
+        assert calls[0] and all(c == calls[0] for c in calls[1:])
+        per_step.append(calls[0])
+    assert per_step[0] != per_step[1]
+    tome_core.remove_patch(holder)
+    animatediff.restore(unet, mm)
+
+
 def test_tiles_in_the_batch_are_merged_each_as_an_image_of_its_own(unet):
     """Tiled diffusion calls the UNet on a batch of tile-sized latents: each tile is merged from its own tokens, on the
     tile's grid: a batch of tiles gives, tile for tile, what each tile gives alone (same step, same partition)."""
