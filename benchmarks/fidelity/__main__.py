@@ -26,14 +26,15 @@ def render(command: str) -> None:
     grids: dict = {}
     metas = []
     for layout in A.ARCHITECTURES:
-        try:
-            part, meta = load_run_data(f"fidelity-{layout}")
-        except FileNotFoundError:
-            continue
-        data["cases"] += part["cases"]
-        data["untrained"].update(part["untrained"])
-        grids.update(torch.load(RUNS / f"fidelity-{layout}-samples.pt"))
-        metas.append(meta)
+        # the layout's run, then runs of one scale (``--scale``), whose cases replace the same ones of the first
+        paths = sorted(RUNS.glob(f"fidelity-{layout}*.json"), key=lambda p: (p.stem != f"fidelity-{layout}", p.stem))
+        for path in paths:
+            part, meta = load_run_data(path.stem)
+            ran = {tuple(c["case"].values()) for c in part["cases"]}
+            data["cases"] = [c for c in data["cases"] if tuple(c["case"].values()) not in ran] + part["cases"]
+            data["untrained"].update(part["untrained"])
+            grids.update(torch.load(RUNS / f"{path.stem}-samples.pt"))
+            metas.append(meta)
     if not metas:
         raise SystemExit("no saved fidelity run to render")
     meta = {**metas[0], "seconds": max(m["seconds"] for m in metas), "finished": max(m["finished"] for m in metas)}
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--render", action="store_true", help="re-render the section from the saved runs")
     parser.add_argument("--resume", action="store_true", help="keep the modes an interrupted run saved")
+    parser.add_argument(
+        "--scale", type=int, help="only the cases at this multiple of the trained side, saved as a run of their own"
+    )
     args = parser.parse_args(argv)
     command = "python -m benchmarks.fidelity"
     if args.render:
@@ -68,17 +72,19 @@ def main(argv: list[str] | None = None) -> None:
                 "steps": plan.steps,
             }
 
-        def save(data: dict, grids: dict, layout: str = layout) -> None:
-            save_run_data(f"fidelity-{layout}", data, meta())
-            torch.save(grids, RUNS / f"fidelity-{layout}-samples.pt")
+        name = f"fidelity-{layout}" + (f"-x{args.scale}" if args.scale else "")
+
+        def save(data: dict, grids: dict, name: str = name) -> None:
+            save_run_data(name, data, meta())
+            torch.save(grids, RUNS / f"{name}-samples.pt")
 
         previous, earlier_grids = None, None
         if args.resume:
             with contextlib.suppress(FileNotFoundError):  # nothing saved yet: a fresh run
-                previous = load_run_data(f"fidelity-{layout}")[0]
-                earlier_grids = torch.load(RUNS / f"fidelity-{layout}-samples.pt")
+                previous = load_run_data(name)[0]
+                earlier_grids = torch.load(RUNS / f"{name}-samples.pt")
         log = lambda s: print(s, flush=True)  # noqa: E731
-        data = B.run(plan, log, (layout,), save if write else None, previous, earlier_grids)
+        data = B.run(plan, log, (layout,), save if write else None, previous, earlier_grids, args.scale)
         data.pop("grids")
         print(report.section(data, meta(), command))
     if write:
