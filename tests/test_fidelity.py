@@ -107,18 +107,35 @@ def test_training_script_runs_a_few_steps(model, tmp_path):
 
 
 def test_the_full_plan_covers_every_mode_at_both_sides_and_both_samplers():
-    plan = B.FULL.samplers
-    assert plan["euler"] == (None, (1,)) and plan["euler@2x"][1] == (2,) and plan["dpmpp_2m"][1] == (1,)
     assert B.FULL.seeds >= 64 and B.FULL.steps == 20
-    twice, dpm = set(plan["euler@2x"][0]), set(plan["dpmpp_2m"][0])
-    assert {m.name for m in B.modes_.TOME} | {"plain", "tomesd", "cache-3", "cache-3+exact-0.5"} <= twice
-    assert {"plain", "cache-3", "cache-3-from-0.2"} <= dpm <= set(B.modes_.MODES)
-    cases = B.cases(B.FULL)
-    assert {(c.layout, c.side, c.sampler) for c, _ in cases} == {
+    cases = {(c.layout, c.side, c.sampler): set(names or B.modes_.MODES) for c, names in B.cases(B.FULL)}
+    assert set(cases) == {
         (layout, side, sampler)
         for layout in A.ARCHITECTURES
         for side, sampler in ((32, "euler"), (64, "euler"), (32, "dpmpp_2m"))
     }
+    every_tome = {m.name for m in B.modes_.TOME} | {"plain", "tomesd"}
+    every_cache = {m.name for m in B.modes_.CACHE if "-from-" not in m.name}
+    assert every_tome | every_cache <= cases[("sd15", 32, "euler")]  # every mode where merging has 1,024 tokens
+    for layout in A.ARCHITECTURES:  # 2x: ToMe's default, ToDo and the cache with ToMe
+        assert {"plain", "exact-0.5", "todo-2", "cache-3+exact-0.5"} <= cases[(layout, 64, "euler")]
+        assert {"plain", "cache-3", "cache-3-from-0.2"} <= cases[(layout, 32, "dpmpp_2m")] <= set(B.modes_.MODES)
+
+
+def test_an_interrupted_run_resumes_with_the_modes_it_saved_and_one_scale_runs_alone():
+    plan = B.Plan(2, 1, 2, {"euler": (("plain", "cache-3"), (1, 2))}, data_features=8)
+    saves = []
+    full = B.run(plan, lambda _: None, ("sd15",), lambda out, grids: saves.append(len(out["cases"][-1]["results"])))
+    assert saves[:2] == [1, 2]  # saved after every mode
+    grids = full.pop("grids")
+    interrupted = {"cases": [{**full["cases"][0], "results": full["cases"][0]["results"][:1]}]}
+    logged: list[str] = []
+    again = B.run(plan, logged.append, ("sd15",), None, interrupted | {"untrained": full["untrained"]}, grids)
+    assert again["cases"] == full["cases"]  # the same numbers: plain again, then the missing modes
+    assert not any("untrained" in line for line in logged[1:]) and len(logged) == 1 + 2 + 2
+    wide = B.run(plan, lambda _: None, ("sd15",), scale=2)
+    assert [c["case"]["side"] for c in wide["cases"]] == [64] and not wide["untrained"]
+    assert wide["cases"][0] == full["cases"][1]
 
 
 def test_quick_fidelity_run_reports_its_modes_on_both_layouts():
