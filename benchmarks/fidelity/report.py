@@ -35,7 +35,7 @@ def case_table(case: Case, results: dict[str, ModeResult]) -> str:
         mode = modes_.MODES[name]
         s = speed.get(name)
         lines.append(
-            f"| {mode.label} | {'—' if r.psnr is None else r.psnr.cell()} | {'—' if r.ssim is None else r.ssim.cell('.3f')} | "
+            f"| {mode.label} | {'—' if r.psnr is None else _psnr(r.psnr, r.psnr.cell())} | {'—' if r.ssim is None else r.ssim.cell('.3f')} | "
             f"{np.mean(r.eps_error):.3f} | {_pct(r.accuracy)} | "
             f"{r.kid.cell('.1f', 1e3)} | {'—' if s is None else f'{s:.2f}×'} |"
         )
@@ -59,11 +59,16 @@ def summary_table(runs: list[tuple[Case, dict[str, ModeResult]]], sampler: str =
         cells = [modes_.MODES[name].label]
         for _, results in cases:
             r = results.get(name)
-            psnr = "—" if r is None or r.psnr is None else f"{r.psnr.mean:.1f}"
+            psnr = "—" if r is None or r.psnr is None else _psnr(r.psnr, f"{r.psnr.mean:.1f}")
             cells.append("" if r is None else f"{psnr}, {r.accuracy.mean:.0%}")
         cells += ["—" if speed[layout].get(name) is None else f"{speed[layout][name]:.2f}×" for layout in layouts]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _psnr(e: Estimate, cell: str) -> str:
+    """``cell``, or "identical" where every sample equals plain's (counted as 100 dB in the means)."""
+    return "identical" if e.low >= 100.0 else cell
 
 
 def _pct(e: Estimate) -> str:
