@@ -170,7 +170,9 @@ def frontier_plot(data: dict, path=FRONTIER_PNG) -> None:
     for ax, (case, results) in zip(axes.flat, runs):
         speed = speedups(case.layout)
         points = sorted(
-            (speed[name], r.psnr.mean, name) for name, r in results.items() if r.psnr is not None and name in speed
+            (speed[name], r.psnr.mean, name)
+            for name, r in results.items()
+            if r.psnr is not None and r.psnr.low < 100.0 and name in speed  # identical to plain: no point to draw
         )
         for x, y, name in points:
             ax.scatter(x, y, color="tab:orange" if (modes_.MODES[name].settings or {}).get("cache") else "tab:blue")
