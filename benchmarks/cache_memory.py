@@ -1,0 +1,105 @@
+"""The step cache's extra memory on the CPU: the peak RSS of a process that runs a full and a cached step with the
+cache on, against one that runs plain full steps (``python -m benchmarks.cache_memory``).
+
+Each variant runs in a fresh process (peak RSS only grows), builds the same real-width UNet, warms it up with one
+plain forward and then runs two forwards: plain, two unpatched steps; cache, the cache's first (full) step, which
+stores the deep features, and the cached step after it. The difference of the two peaks is what the cache adds per
+cond/uncond chunk, next to the exact bytes of the features it holds. On CUDA, ``benchmarks.cache`` reports the peak
+allocated memory per variant instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+import torch
+
+import tome_core
+from benchmarks.cache import STEPS, _inputs
+from benchmarks.results import mib, run_meta, write_section
+from benchmarks.suite import Config
+
+BEGIN, END = "<!-- cache-memory:begin -->", "<!-- cache-memory:end -->"
+CONFIGS = (Config("sd15", 512, 320, 2, True),)
+"""At 512 px a forward costs 15 s of CPU; each variant runs three (the 1024 px variants would take ten minutes)."""
+
+
+def child(variant: str, config: Config) -> dict:
+    """Run ``variant`` ("plain" or "cache") on ``config`` in this process; its peak RSS and the features held."""
+    torch.set_num_threads(1)
+    unet = config.build().eval()
+    x, t, cond = _inputs(config, torch.device("cpu"), torch.float32)
+    held = 0
+    with torch.no_grad():
+        unet(x, t, **cond)  # warm-up: the same in both variants
+        if variant == "plain":
+            unet(x, t, **cond)
+            unet(x, t, **cond)
+        else:
+            settings = tome_core.ToMeSettings(enabled=True, ratio=0.0, cache=True, cache_interval=3)
+            patch = tome_core.apply_settings(unet, settings)
+            try:
+                for step in range(2):  # the full step that fills the cache, then a cached one
+                    patch.set_progress(step / STEPS, STEPS)
+                    unet(x, t, **cond)
+                assert patch.report().cache.cached == 1
+                held = patch.cache.cached_bytes()
+            finally:
+                patch.remove()
+    return {"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "held": held}
+
+
+def measure(config: Config) -> dict:
+    out = {}
+    for variant in ("plain", "cache"):
+        args = [sys.executable, "-m", "benchmarks.cache_memory", "--child", variant, json.dumps(vars(config))]
+        out[variant] = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
+    return out
+
+
+def section(rows: list[tuple[Config, dict]], meta: dict) -> str:
+    lines = [
+        BEGIN,
+        "## Step cache memory on the CPU (`python -m benchmarks.cache_memory`)",
+        "",
+        f"CPU, float32, torch {meta['torch']}; run finished {meta['finished']}. Peak RSS of a fresh process that "
+        "builds the real-width UNet, warms it up and runs two plain steps, against one that runs the cache's full "
+        "step and the cached step after it (cache alone, N=3, branch 0). The difference is what the cache adds for "
+        "one cond/uncond chunk; *held* is the exact size of the deep features it keeps between steps.",
+        "",
+        "| configuration | peak RSS, plain MiB | peak RSS, cache MiB | difference MiB | features held MiB |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for config, r in rows:
+        plain, cache = r["plain"]["peak_rss"], r["cache"]["peak_rss"]
+        lines.append(
+            f"| {config.name}, batch {config.batch} | {mib(plain)} | {mib(cache)} | {mib(cache - plain)} | "
+            f"{mib(r['cache']['held'])} |"
+        )
+    return "\n".join([*lines, END])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--child", nargs=2, metavar=("VARIANT", "CONFIG"), help=argparse.SUPPRESS)
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args.child[0], Config(**json.loads(args.child[1])))))
+        return
+    start = time.perf_counter()
+    rows = [(config, measure(config)) for config in CONFIGS]
+    args.threads = 1
+    text = section(rows, run_meta(args, 1, time.perf_counter() - start))
+    print(text)
+    if not args.no_write:
+        write_section(text, BEGIN, END)
+
+
+if __name__ == "__main__":
+    main()
