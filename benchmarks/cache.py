@@ -93,7 +93,7 @@ def _settings(mode: str, interval: int = 3) -> tome_core.ToMeSettings:
     return tome_core.ToMeSettings(enabled=True, seed=M.SEED, **base, cache=True, cache_interval=interval)
 
 
-def _inputs(config: Config, device: torch.device, dtype: torch.dtype):
+def step_inputs(config: Config, device: torch.device, dtype: torch.dtype):
     side = config.px // 8
     x = photo_latents(config.batch, side, side).to(device, dtype)
     t = torch.full((config.batch,), 601.0, device=device)
@@ -105,7 +105,7 @@ def measure_steps(config: Config, rounds: int, log, unet: torch.nn.Module | None
     """Part 1 for one configuration: full and cached step costs of every mode, interleaved round by round."""
     device, dtype = device_and_dtype()
     unet = unet if unet is not None else prepare(config.build(), device, dtype)
-    x, t, cond = _inputs(config, device, dtype)
+    x, t, cond = step_inputs(config, device, dtype)
     out = StepCosts(vars(config))
 
     def forward() -> torch.Tensor:

@@ -20,7 +20,7 @@ import time
 import torch
 
 import tome_core
-from benchmarks.cache import STEPS, _inputs
+from benchmarks.cache import STEPS, step_inputs
 from benchmarks.results import mib, run_meta, write_section
 from benchmarks.suite import Config
 
@@ -33,7 +33,7 @@ def child(variant: str, config: Config) -> dict:
     """Run ``variant`` ("plain" or "cache") on ``config`` in this process; its peak RSS and the features held."""
     torch.set_num_threads(1)
     unet = config.build().eval()
-    x, t, cond = _inputs(config, torch.device("cpu"), torch.float32)
+    x, t, cond = step_inputs(config, torch.device("cpu"), torch.float32)
     held = 0
     with torch.no_grad():
         unet(x, t, **cond)  # warm-up: the same in both variants
