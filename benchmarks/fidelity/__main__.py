@@ -37,7 +37,8 @@ def render(command: str) -> None:
             metas.append(meta)
     if not metas:
         raise SystemExit("no saved fidelity run to render")
-    meta = {**metas[0], "seconds": max(m["seconds"] for m in metas), "finished": max(m["finished"] for m in metas)}
+    seconds = sum(m["seconds"] for m in metas)  # a resumed part counts from its restart
+    meta = {**metas[0], "seconds": seconds, "finished": max(m["finished"] for m in metas), "parts": len(metas)}
     write_section(report.section(data, meta, command), B.BEGIN, B.END)
     report.sample_grid(grids)
     report.frontier_plot(data)

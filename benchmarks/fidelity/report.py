@@ -93,7 +93,9 @@ def section(data: dict, meta: dict, command: str) -> str:
         f"## Fidelity on trained models (`{command}`)",
         "",
         f"{meta['device']}, torch {meta['torch']}, {meta['threads']} torch thread(s); run finished {meta['finished']} "
-        f"and took {meta['seconds'] / 60:.0f} min. The two models of `benchmarks/fidelity/` (model cards: "
+        f"and took {meta['seconds'] / 60:.0f} min of wall time"
+        + (f" in {meta['parts']} parts, some side by side on the shared machine" if meta.get("parts", 1) > 1 else "")
+        + ". The two models of `benchmarks/fidelity/` (model cards: "
         "[sd15](fidelity/weights/sd15.md), [sdxl](fidelity/weights/sdxl.md)): the real ldm `UNetModel` in SD1.5's and "
         "SDXL's layouts at reduced width, trained here on digit glyphs over photo crops (10 classes, the class is "
         f"the prompt). {meta['seeds']} seeds per case, each conditioned on class `seed % 10`; CFG {CFG:g}, "
