@@ -1,10 +1,12 @@
-"""Shared fixtures: real ldm UNets (random weights) and natural-image latents."""
+"""Shared fixtures: real ldm UNets (random weights), natural-image latents, the merge partitions drawn."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from models import Holder, make_unet
+
+from tome_core import merge as tm
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +36,17 @@ def holder(sd15_unet):
 def _no_grad():
     with torch.no_grad():
         yield
+
+
+@pytest.fixture
+def partitions(monkeypatch):
+    """The ``(h, w)`` of every merge partition drawn."""
+    seen: list[tuple[int, int]] = []
+    make = tm.make_partition
+
+    def make_partition(h, w, *args, **kwargs):
+        seen.append((h, w))
+        return make(h, w, *args, **kwargs)
+
+    monkeypatch.setattr(tm, "make_partition", make_partition)
+    return seen

@@ -19,7 +19,6 @@ from modules import errors, infotext_utils, scripts
 
 import tome_core
 from tome_core import extension as ext
-from tome_core import merge as tm
 
 ROOT = Path(__file__).resolve().parents[1]
 NEIGHBOURS = ROOT / "tests" / "neighbours"
@@ -44,19 +43,6 @@ def start(build):
     yield _start
     tome_core.remove_patch(unet_of(build))
     forge.reset_forge()
-
-
-@pytest.fixture
-def partitions(monkeypatch):
-    seen: list[tuple[int, int]] = []
-    make = tm.make_partition
-
-    def make_partition(h, w, *args, **kwargs):
-        seen.append((h, w))
-        return make(h, w, *args, **kwargs)
-
-    monkeypatch.setattr(tm, "make_partition", make_partition)
-    return seen
 
 
 def args_for(runner, title: str | None = None, values=(), **tome):

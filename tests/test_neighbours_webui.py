@@ -18,7 +18,6 @@ from modules import errors, infotext_utils, scripts, shared
 
 import tome_core
 from tome_core import extension as ext
-from tome_core import merge as tm
 from tome_core.patch import transformer_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,20 +150,6 @@ def test_hypertile_off_again_gives_tome_back_every_block(start, sd_model):
 
 
 # --- Kohya HRFix / Deep Shrink (wcde/sd-webui-kohya-hiresfix) ----------------------------------------------------------
-
-
-@pytest.fixture
-def partitions(monkeypatch):
-    """The ``(h, w)`` of every merge partition drawn."""
-    seen: list[tuple[int, int]] = []
-    make = tm.make_partition
-
-    def make_partition(h, w, *args, **kwargs):
-        seen.append((h, w))
-        return make(h, w, *args, **kwargs)
-
-    monkeypatch.setattr(tm, "make_partition", make_partition)
-    return seen
 
 
 def script_of(runner, title):
