@@ -80,6 +80,27 @@ def generate(make: Callable, runner, script_args, spied: Iterable[torch.nn.Modul
     return res, spies
 
 
+def img2img(runner, script_args, steps: int = 4):
+    """An img2img processing object for ``generate``: a flat 64 px image, denoising 0.5, seed 3, ``runner``'s
+    scripts with ``script_args``."""
+    from PIL import Image
+
+    p = modules.processing.StableDiffusionProcessingImg2Img(
+        init_images=[Image.new("RGB", (64, 64), (120, 80, 40))],
+        prompt="a cat",
+        steps=steps,
+        width=64,
+        height=64,
+        denoising_strength=0.5,
+        seed=3,
+        do_not_save_samples=True,
+        do_not_save_grid=True,
+    )
+    p.scripts = runner
+    p.script_args = script_args
+    return p
+
+
 def pixels(res) -> list[np.ndarray]:
     return [np.asarray(img) for img in res.images]
 

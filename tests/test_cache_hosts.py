@@ -107,27 +107,8 @@ def test_the_hires_pass_starts_a_fresh_cache_with_its_own_interval(webui, sd_mod
 
 def test_img2img_starts_a_fresh_cache(webui, sd_model):
     _, img = webui
-    from PIL import Image
-
-    p = processing.StableDiffusionProcessingImg2Img(
-        init_images=[Image.new("RGB", (64, 64), (120, 80, 40))],
-        prompt="a cat",
-        steps=8,
-        width=64,
-        height=64,
-        denoising_strength=0.5,
-        seed=3,
-        do_not_save_samples=True,
-        do_not_save_grid=True,
-    )
-    p.scripts = img
-    p.script_args = tome_args(img, cache=True, cache_interval=2)
-    spy = Spy(sd_model.model.diffusion_model)
-    try:
-        with closing(p):
-            processing.process_images(p)
-    finally:
-        spy.close()
+    args = tome_args(img, cache=True, cache_interval=2)
+    _, (spy,) = generation.generate(generation.img2img, img, args, [sd_model.model.diffusion_model], steps=8)
     assert spy.cached and spy.cached[0] is F and C in spy.cached and spy.cached[-1] is F
     assert untouched(sd_model)
 

@@ -189,27 +189,8 @@ def test_every_batch_iteration_starts_with_the_first_pass_ratio(webui, sd_model)
 
 def test_img2img_is_patched(webui, sd_model):
     _, img = webui
-    from PIL import Image
-
-    p = processing.StableDiffusionProcessingImg2Img(
-        init_images=[Image.new("RGB", (64, 64), (120, 80, 40))],
-        prompt="a cat",
-        steps=4,
-        width=64,
-        height=64,
-        denoising_strength=0.5,
-        seed=3,
-        do_not_save_samples=True,
-        do_not_save_grid=True,
-    )
-    p.scripts = img
-    p.script_args = args_with(img, [True, 0.4])
-    spy = Spy(sd_model.model.diffusion_model)
-    try:
-        with closing(p):
-            processing.process_images(p)
-    finally:
-        spy.close()
+    args = args_with(img, [True, 0.4])
+    _, (spy,) = generation.generate(generation.img2img, img, args, [sd_model.model.diffusion_model])
     assert spy.calls and all(s is not None and s.ratio == 0.4 for s in spy.calls)
     assert tome_core.get_patch(sd_model) is None
 
