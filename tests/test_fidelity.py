@@ -106,7 +106,7 @@ def test_training_script_runs_a_few_steps(model, tmp_path):
     assert "Steps: 2" in (tmp_path / f"{model}.md").read_text(encoding="utf-8")
 
 
-def test_the_full_plan_covers_every_mode_at_both_sides_and_both_samplers():
+def test_the_full_plan_covers_every_merging_mode_at_both_sides_on_both_layouts_and_both_samplers():
     assert B.FULL.seeds >= 64 and B.FULL.steps == 20
     cases = {(c.layout, c.side, c.sampler): set(names or B.modes_.MODES) for c, names in B.cases(B.FULL)}
     assert set(cases) == {
@@ -116,10 +116,14 @@ def test_the_full_plan_covers_every_mode_at_both_sides_and_both_samplers():
     }
     every_tome = {m.name for m in B.modes_.TOME} | {"plain", "tomesd"}
     every_cache = {m.name for m in B.modes_.CACHE if "-from-" not in m.name}
-    assert every_tome | every_cache <= cases[("sd15", 32, "euler")]  # every mode where merging has 1,024 tokens
-    for layout in A.ARCHITECTURES:  # 2x: ToMe's default, ToDo and the cache with ToMe
-        assert {"plain", "exact-0.5", "todo-2", "cache-3+exact-0.5"} <= cases[(layout, 64, "euler")]
+    for layout in A.ARCHITECTURES:
+        meaningful = {m.name for m in B.modes_.for_layout(layout)}  # max downsample 2 is SDXL's default already
+        for side in (32, 64):  # every merging mode at the trained side and at 2x, on both layouts
+            assert every_tome & meaningful <= cases[(layout, side, "euler")]
+        assert every_cache & meaningful <= cases[(layout, 32, "euler")]  # every cache interval at the trained side
+        assert "cache-3+exact-0.5" in cases[(layout, 64, "euler")]
         assert {"plain", "cache-3", "cache-3-from-0.2"} <= cases[(layout, 32, "dpmpp_2m")] <= set(B.modes_.MODES)
+    assert "exact-0.5-md2" not in {m.name for m in B.modes_.for_layout("sdxl")}
 
 
 def test_an_interrupted_run_resumes_with_the_modes_it_saved_and_one_scale_runs_alone():

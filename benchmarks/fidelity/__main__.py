@@ -37,7 +37,7 @@ def render(command: str) -> None:
             metas.append(meta)
     if not metas:
         raise SystemExit("no saved fidelity run to render")
-    seconds = sum(m["seconds"] for m in metas)  # a resumed part counts from its restart
+    seconds = sum(m["seconds"] for m in metas)  # a resumed run counts its interrupted part too
     meta = {**metas[0], "seconds": seconds, "finished": max(m["finished"] for m in metas), "parts": len(metas)}
     write_section(report.section(data, meta, command), B.BEGIN, B.END)
     report.sample_grid(grids)
@@ -64,7 +64,13 @@ def main(argv: list[str] | None = None) -> None:
     layouts = tuple(args.layout or A.ARCHITECTURES)
     write = not args.no_write and not args.quick
     for layout in layouts:
-        start = time.perf_counter()
+        name = f"fidelity-{layout}" + (f"-x{args.scale}" if args.scale else "")
+        previous, earlier_grids, start = None, None, time.perf_counter()
+        if args.resume:
+            with contextlib.suppress(FileNotFoundError):  # nothing saved yet: a fresh run
+                previous, earlier_meta = load_run_data(name)
+                earlier_grids = torch.load(RUNS / f"{name}-samples.pt")
+                start -= earlier_meta["seconds"]  # the wall time counts the interrupted part too
 
         def meta(start: float = start) -> dict:
             return run_meta(args, 1, time.perf_counter() - start) | {
@@ -73,17 +79,10 @@ def main(argv: list[str] | None = None) -> None:
                 "steps": plan.steps,
             }
 
-        name = f"fidelity-{layout}" + (f"-x{args.scale}" if args.scale else "")
-
         def save(data: dict, grids: dict, name: str = name) -> None:
             save_run_data(name, data, meta())
             torch.save(grids, RUNS / f"{name}-samples.pt")
 
-        previous, earlier_grids = None, None
-        if args.resume:
-            with contextlib.suppress(FileNotFoundError):  # nothing saved yet: a fresh run
-                previous = load_run_data(name)[0]
-                earlier_grids = torch.load(RUNS / f"{name}-samples.pt")
         log = lambda s: print(s, flush=True)  # noqa: E731
         data = B.run(plan, log, (layout,), save if write else None, previous, earlier_grids, args.scale)
         data.pop("grids")

@@ -232,14 +232,13 @@ class Plan:
 
 DPMPP_MODES = ("plain", "cache-3", "cache-3-from-0.2", "cache-3+exact-0.5")
 """DPM++ 2M, where early cached steps are reported to hurt (DeepCache #9): the cache with and without a late start."""
-TWICE_MODES = ("plain", "exact-0.5", "todo-2", "cache-3+exact-0.5")
-"""At 2x the side, where a sampling run costs 7x more here (the CPU had well under an hour per layout): ToMe's
-default, ToDo and the cache with ToMe's default (SDXL: the cache alone too)."""
+TOME_MODES = ("plain", "tomesd", *(m.name for m in modes_.TOME))
+"""Every token-merging mode (issue 16's list), at both sides on both layouts."""
+TWICE_MODES = (*TOME_MODES, "cache-3+exact-0.5")
+"""At 2x the side, where a sampling run costs 7x more here: every token-merging mode and the cache with ToMe's
+default (SDXL: the cache alone too); the cache's other intervals are measured at the trained side."""
 EULER_MODES = tuple(m for m in modes_.MODES if "-from-" not in m)
 """Euler at the trained side: every mode but the late-start cache (that one is for DPM++)."""
-SDXL_TRAINED_MODES = ("plain", "tomesd", "exact-0.5", "todo-2", "cache-2", "cache-3", "cache-5", "cache-3+exact-0.5")
-"""SDXL at its trained side: its first transformer level has only 16 x 16 = 256 tokens there (1,024 at 2x), so a
-few modes only, for the cache above all."""
 FULL = Plan(
     64,
     8,
@@ -247,9 +246,8 @@ FULL = Plan(
     {"euler": (EULER_MODES, (1,)), "dpmpp_2m": (DPMPP_MODES, (1,)), "euler@2x": (TWICE_MODES, (2,))},
     overrides={
         "sdxl": {
-            "euler": (SDXL_TRAINED_MODES, (1,)),
             "dpmpp_2m": (("plain", "cache-3", "cache-3-from-0.2"), (1,)),
-            "euler@2x": (("plain", "exact-0.5", "todo-2", "cache-3", "cache-3+exact-0.5"), (2,)),
+            "euler@2x": ((*TWICE_MODES, "cache-3"), (2,)),
         }
     },
 )

@@ -161,7 +161,7 @@ def sample_grid(grids: dict[str, torch.Tensor], path=SAMPLES_PNG, per_class: int
 
 
 def frontier_plot(data: dict, path=FRONTIER_PNG) -> None:
-    """Speed-up (real width, 1024 px) against PSNR vs plain at 2x side, Euler, one panel per layout."""
+    """Speed-up (real width, 1024 px) against PSNR vs plain, Euler, one panel per layout and side."""
     import matplotlib
 
     matplotlib.use("Agg")
