@@ -11,6 +11,8 @@ from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 from .data import to_uint8
 
 BOOTSTRAP = 2000
+IDENTICAL_PSNR = 100.0
+"""The PSNR (dB) counted for a sample identical to its reference (the true one is infinite)."""
 
 
 @dataclass(frozen=True)
@@ -43,11 +45,11 @@ def bootstrap(values: np.ndarray, seed: int = 0, statistic=np.mean) -> Estimate:
 
 def psnr_ssim(samples: torch.Tensor, reference: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """Per-seed PSNR (dB) and SSIM of 8-bit ``samples`` against ``reference`` (both (n, 3, h, w) in [-1, 1]).
-    An identical pair has infinite PSNR; it is counted as 100 dB so that means stay finite."""
+    An identical pair has infinite PSNR; it is counted as ``IDENTICAL_PSNR`` so that means stay finite."""
     a, b = to_uint8(samples), to_uint8(reference)
     psnr, ssim = [], []
     for x, y in zip(a, b):
-        psnr.append(100.0 if np.array_equal(x, y) else peak_signal_noise_ratio(y, x, data_range=255))
+        psnr.append(IDENTICAL_PSNR if np.array_equal(x, y) else peak_signal_noise_ratio(y, x, data_range=255))
         ssim.append(structural_similarity(y, x, data_range=255, channel_axis=2))
     return np.array(psnr), np.array(ssim)
 

@@ -12,7 +12,7 @@ from benchmarks import sampler as S
 from . import architectures as A
 from .benchmark import BEGIN, CFG, END, LAYOUT_NAMES, Case, ModeResult
 from .data import to_uint8
-from .metrics import Estimate
+from .metrics import IDENTICAL_PSNR, Estimate
 from .speed import speedups
 
 SAMPLES_PNG = A.WEIGHTS.parent / "samples.png"
@@ -66,9 +66,14 @@ def summary_table(runs: list[tuple[Case, dict[str, ModeResult]]], sampler: str =
     return "\n".join(lines)
 
 
+def _identical(e: Estimate) -> bool:
+    """Every sample equals plain's (its PSNR is counted as ``IDENTICAL_PSNR``)."""
+    return e.low >= IDENTICAL_PSNR
+
+
 def _psnr(e: Estimate, cell: str) -> str:
-    """``cell``, or "identical" where every sample equals plain's (counted as 100 dB in the means)."""
-    return "identical" if e.low >= 100.0 else cell
+    """``cell``, or "identical" where every sample equals plain's."""
+    return "identical" if _identical(e) else cell
 
 
 def _pct(e: Estimate) -> str:
@@ -174,7 +179,7 @@ def frontier_plot(data: dict, path=FRONTIER_PNG) -> None:
         points = sorted(
             (speed[name], r.psnr.mean, name)
             for name, r in results.items()
-            if r.psnr is not None and r.psnr.low < 100.0 and name in speed  # identical to plain: no point to draw
+            if r.psnr is not None and not _identical(r.psnr) and name in speed  # identical to plain: no point to draw
         )
         for x, y, name in points:
             ax.scatter(x, y, color="tab:orange" if (modes_.MODES[name].settings or {}).get("cache") else "tab:blue")
