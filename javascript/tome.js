@@ -25,7 +25,10 @@
         "cache_branch": "The skip branch that keeps running on cached steps: 0 (the default) is the shallowest and fastest; deeper branches run more of the UNet (more faithful, slower). SD1/SD2 have 12 branches, SDXL 9.",
         "cache_start": "Cached steps may occur from this fraction of the sampling on; before it every step is full (the first step always is).",
         "cache_end": "Cached steps may occur until this fraction of the sampling; after it every step is full (the last step always is).",
-        "hires_cache_interval": "Cache interval of the hires. fix pass; 0 (the default) uses the cache interval."
+        "hires_cache_interval": "Cache interval of the hires. fix pass; 0 (the default) uses the cache interval.",
+        "cache_forecast": "What cached steps use for the deep features. linear (the default): their extrapolation from the last two full steps in the sampler's time (more faithful at the same speed). off: the last full step's, unchanged (DeepCache).",
+        "cache_schedule": "uniform (the default): a full step every cache interval (DeepCache). adaptive: also a full step as soon as the UNet's input strays from its forecast by more than the cache threshold; the cache interval is then the longest run without one.",
+        "cache_threshold": "adaptive schedule only: how far (relative L1) the UNet's input may stray from its forecast before a full step; lower is more faithful and slower, 0 makes every step full."
     };
     function addTitles() {
         for (const tab of ['txt2img', 'img2img']) {

@@ -52,13 +52,17 @@ ADVANCED: tuple[tuple[str, ...], ...] = (
     ("merge_controlnet",),
     ("cache_interval", "hires_cache_interval"),
     ("cache_start", "cache_end", "cache_branch"),
+    ("cache_forecast", "cache_schedule", "cache_threshold"),
 )
 """Rows of the closed "Advanced" accordion inside: every other setting."""
 LAYOUT = FIRST_VIEW + ADVANCED
 SCALE = {"method": 2, "max_downsample": 3}
 """Relative widths in a row (default 1): the five choices of max downsample stay on one line at a 600 px column."""
 ADVANCED_LABEL = "Advanced: strides, random seed, merge targets, plan reuse, schedule, step cache"
-INTRO = "Gains start around 1024 px: use it for large images and the hires. fix pass. Hover a control for details."
+INTRO = (
+    "Merging gains from about 1024 px (large images, the hires. fix pass); the step cache gains at 512 px too. "
+    "Hover a control for details."
+)
 NOTE_CLASS = "tome-note"  # style.css
 CAPPED = ("ratio", "hires_ratio")
 """Sliders whose largest allowed value depends on the strides."""
@@ -218,6 +222,9 @@ class ToMeScript(scripts.Script):
         # that the next batch iteration's first pass is not taken for a hires pass)
         hires, run.hires_pending = bool(getattr(p, "is_hr_pass", run.hires_pending)), False
         _unpatch(run)
+        run.pass_name = "hires" if hires else "first"
+        if not hires:  # a new batch: its own count of cached steps
+            run.cache_steps.clear()
         x = kwargs.get("x")
         height, width = (int(x.shape[-2]) * 8, int(x.shape[-1]) * 8) if x is not None else (p.height, p.width)
         seeds = getattr(p, "seeds", None)
@@ -258,14 +265,18 @@ def _pass_models(p: Any, run: ext.Run, settings: S.ToMeSettings) -> tuple[list[A
 
 
 def _write_note(p: Any, run: ext.Run) -> None:
-    """The ``ToMe note`` infotext entry, when there is something to say."""
+    """The ``ToMe note`` infotext entry, when there is something to say, and the steps the cache ran."""
     if run.notes:
         p.extra_generation_params[ext.NOTE_KEY] = run.note_text
+    if run.cache_steps_text is not None:
+        p.extra_generation_params[ext.CACHE_STEPS_KEY] = run.cache_steps_text
 
 
 def _unpatch(run: ext.Run) -> None:
-    """Remove every patch (keeping what they could not merge for the note): between passes and on failure."""
+    """Remove every patch (keeping what they could not merge for the note, and the cache's steps): between passes and on
+    failure."""
     run.note(*registry.shortfalls())
+    run.count_cache(registry.cache_counts())
     registry.clear(shared.sd_model)
     run.current = None
 

@@ -11,7 +11,7 @@ import torch
 from models import make_unet, photo_latents, rel
 
 import tome_core
-from tome_core.cache import schedule
+from tome_core.schedule import uniform_plan
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_cache_off_or_interval_1_is_bit_identical_to_today(unet):
 def test_cached_steps_follow_the_schedule_and_the_first_and_last_are_full(unet):
     outs, report = with_patch(unet, ratio=0.0, cache=True, cache_interval=3)
     base = plain(unet)
-    expected = schedule(tome_core.ToMeSettings(cache=True, cache_interval=3), 7)
+    expected = uniform_plan(tome_core.ToMeSettings(cache=True, cache_interval=3), 7)
     assert expected == [False, True, True, False, True, True, False]
     assert (report.cache.full, report.cache.cached) == (3, 4)
     for i, cached in enumerate(expected):
@@ -85,7 +85,7 @@ def test_the_cache_window_keeps_steps_outside_it_full(unet):
     outs, report = with_patch(unet, **settings)
     # progress 0, .14, .29 | .43, .57, .71 | .86: inside the window every other step is cached
     expected = [False, False, False, True, False, True, False]
-    assert schedule(tome_core.ToMeSettings(**settings), 7) == expected
+    assert uniform_plan(tome_core.ToMeSettings(**settings), 7) == expected
     assert report.cache.cached == 2
     base = plain(unet)
     assert [not torch.equal(a, b) for a, b in zip(outs, base)] == expected
@@ -170,7 +170,7 @@ def test_token_merging_acts_on_the_shallow_path_of_cached_steps(unet):
         hook.remove()
         tome_core.remove_patch(unet)
     merged, _ = with_patch(unet, ratio=0.5, seed=1)
-    cached = [i for i, c in enumerate(schedule(patch.settings, 7)) if c]
+    cached = [i for i, c in enumerate(uniform_plan(patch.settings, 7)) if c]
     assert all(plans[i] > plans[i - 1] for i in cached)  # a plan was made in the block that ran
     assert all(rel(both[i], alone[i]) > 1e-4 for i in cached)
     assert all(torch.equal(both[i], merged[i]) for i in (0, 3, 6))  # full steps: ToMe's output as without the cache
@@ -229,12 +229,14 @@ def test_an_error_inside_a_cached_step_leaves_nothing_behind(unet):
     assert all(torch.equal(a, b) for a, b in zip(plain(unet), plain(unet)))
 
 
-def test_the_held_features_are_one_chunk_of_the_entry_blocks_input(unet):
-    patch = tome_core.apply_patch(unet, ratio=0.0, cache=True, cache_interval=3)
+@pytest.mark.parametrize("forecast, chunks", [("off", 1), ("linear", 2)])
+def test_the_held_features_are_one_chunk_of_the_entry_blocks_input_and_its_slope(unet, forecast, chunks):
+    patch = tome_core.apply_patch(unet, ratio=0.0, cache=True, cache_interval=3, cache_forecast=forecast)
     try:
-        run(unet, patch, steps=2)
+        run(unet, patch, steps=2)  # two full steps: the linear forecast has its slope
         held = patch.cache.cached_bytes()
     finally:
         tome_core.remove_patch(unet)
-    # branch 0: what output_blocks[10] gives output_blocks[11], 32 channels at 16 x 16, batch 2, float32
-    assert held == 2 * 32 * 16 * 16 * 4
+    # branch 0: what output_blocks[10] gives output_blocks[11], 32 channels at 16 x 16, batch 2, float32; linear also
+    # keeps the features' slope, of the same size
+    assert held == chunks * 2 * 32 * 16 * 16 * 4

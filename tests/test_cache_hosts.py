@@ -25,14 +25,14 @@ from modules.api import api
 import tome_core
 from tome_core import extension as ext
 from tome_core import settings as S
-from tome_core.cache import schedule
+from tome_core.schedule import uniform_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 F, C = False, True  # a full call, a cached one
 
 
 def cached_schedule(steps: int, interval: int) -> list[bool]:
-    return schedule(S.ToMeSettings(cache=True, cache_interval=interval), steps)
+    return uniform_plan(S.ToMeSettings(cache=True, cache_interval=interval), steps)
 
 
 def untouched(model: torch.nn.Module, root_forward: bool = False) -> bool:

@@ -122,7 +122,9 @@ def test_every_step_matches_deepcache(pair, branch, interval):
         expected = sample_steps(lambda x, t: theirs(x, t, encoder_hidden_states=ctx).sample, noise, sigmas)
     finally:
         helper.disable()
-    patch = tome_core.apply_patch(ours, ratio=0.0, cache=True, cache_interval=interval, cache_branch=branch)
+    patch = tome_core.apply_patch(
+        ours, ratio=0.0, cache=True, cache_interval=interval, cache_branch=branch, cache_forecast="off"
+    )
     try:
         got = sample_steps(
             lambda x, t: ours(x, t.expand(2), ctx), noise, sigmas, lambda i, n: patch.set_progress(i / n, n)

@@ -337,6 +337,9 @@ def test_xyz_axis_labels_never_change():
         "[ToMe] Cache start (fraction of steps)",
         "[ToMe] Cache end (fraction of steps)",
         "[ToMe] Hires. fix cache interval (0 = same)",
+        "[ToMe] Cache forecast",
+        "[ToMe] Cache schedule",
+        "[ToMe] Cache threshold",
     ]
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "ToMeSettings",
     "apply_patch",
     "apply_settings",
+    "cache_stats",
     "find_unet",
     "from_args",
     "from_dict",
@@ -70,3 +71,13 @@ def apply_patch(
         )
     )
     return apply_settings(model, settings)
+
+
+def cache_stats(model: Any) -> list[dict[str, int]]:
+    """The step cache's steps per sampling pass since the patch on ``model`` (or the UNet it holds) was applied:
+    ``{"full": n, "cached": n, "skipped": n}`` each, in order; empty without a patch or without the step cache. A step
+    counts as full when any of its UNet calls ran in full (cond and uncond may be separate calls)."""
+    patch = get_patch(model)
+    if patch is None or patch.cache is None:
+        return []
+    return [count.to_dict() for count in patch.cache.report().passes]

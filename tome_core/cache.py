@@ -15,13 +15,17 @@ and the first output block that runs gets the cached deep features in place of t
 connection (which carries the current step's control residual). Only the skipped blocks get an instance-level
 ``forward`` (their compute must be skipped; restored exactly on removal); everything else is hooks.
 
-Schedule, per pass: the first and the last step are full, and so is any step outside ``cache_start <= progress <
-cache_end``; inside, a step is cached unless ``cache_interval`` steps have passed since the stream's last full step
-(DeepCache's uniform schedule: full steps at 0, N, 2N, …). Streams: the calls of a step are told apart by their
-number within the step and Forge's ``cond_or_uncond`` chunk (cond and uncond batched, or separate calls, or extra
-guidance passes), and each keeps its own cache, dropped when its batch or latent size changes; a call that runs the
-blocks more than once (Mikubill's ControlNet runs reference-only's reference pass before the main one) keeps one per
-pass through them. A new sampling pass (hires fix, img2img) starts with none.
+Schedule and forecast (:mod:`tome_core.schedule`, :mod:`tome_core.forecast`): the first and the last step of a pass
+are full, and so is any step outside ``cache_start <= progress < cache_end``; inside, a step is cached unless
+``cache_interval`` steps have passed since the stream's last full step (DeepCache's uniform schedule: full steps at 0,
+N, 2N, …) or, with the adaptive schedule, the call's input strays from its forecast by more than ``cache_threshold``.
+A cached step takes the deep features of the stream's last full step (``cache_forecast`` off: DeepCache exactly) or
+their linear forecast in the sampler's time from its last two full steps. Streams: the calls of a step are told apart
+by their number within the step and Forge's ``cond_or_uncond`` chunk (cond and uncond batched, or separate calls, or
+extra guidance passes), and each keeps its own cache, dropped when its batch or latent size changes; a call that runs
+the blocks more than once (Mikubill's ControlNet runs reference-only's reference pass before the main one) keeps one
+per pass through them. A new sampling pass (hires fix, img2img) starts with none. :meth:`StepCache.report` counts,
+per sampling pass, the steps run in full and cached.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .forecast import Track
+from .schedule import Refresh
 from .settings import SettingsError, ToMeSettings
 from .steps import Call
 
@@ -57,53 +63,50 @@ def skip_connections(root: nn.Module) -> int:
     return 0 if blocks is None else len(blocks[0])
 
 
-def may_cache(settings: ToMeSettings, step: int, progress: float | None, last: bool, since_full: int) -> bool:
-    """Whether a step may be cached: not the pass's first or last, inside ``cache_start <= progress < cache_end``,
-    and fewer than ``cache_interval`` steps since the stream's last full step."""
-    if step == 0 or last or progress is None:
-        return False
-    if not settings.cache_start <= progress < settings.cache_end:
-        return False
-    return since_full < settings.cache_interval
-
-
-def schedule(settings: ToMeSettings, steps: int) -> list[bool]:
-    """Which of a pass's ``steps`` the cache serves (True) when every step is reported: the rule of
-    :func:`may_cache`, for counting a run's full and cached steps ahead of it."""
-    out, last_full = [], 0
-    for step in range(steps):
-        cached = settings.caches and may_cache(settings, step, step / steps, step == steps - 1, step - last_full)
-        last_full = last_full if cached else step
-        out.append(cached)
-    return out
-
-
 @dataclass
 class _Pass:
-    """One pass through the blocks at a full call: what the skipped blocks returned (shapes) and the deep features."""
+    """One pass through the blocks at a full call: what the skipped blocks returned (shapes), and whether the deep
+    features reached its track."""
 
     shapes: dict[int, tuple[torch.Size, torch.dtype, torch.device]] = field(default_factory=dict)
-    deep: torch.Tensor | None = None  # what entered the entry block from below
+    deep: bool = False
 
 
 @dataclass
 class _Stream:
     """One stream of calls: what its last full call left for the cached ones, per pass through the blocks (a call
-    may run the blocks more than once: ControlNet's reference-only runs a reference pass before the main one)."""
+    may run the blocks more than once: ControlNet's reference-only runs a reference pass before the main one), the
+    deep features' track per pass (kept across full calls, for the forecast) and its schedule."""
 
     size: tuple[int, int] | None
     batch: int | None
     last_full: int  # step of its last full call
+    refresh: Refresh
     passes: list[_Pass] = field(default_factory=list)
+    tracks: list[Track] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PassCount:
+    """One sampling pass's steps: run in full (any call of the step ran in full), cached (every call cached)."""
+
+    full: int = 0
+    cached: int = 0
+    skipped: int = 0  # steps that ran no UNet block at all (no schedule of this cache skips a whole step)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"full": self.full, "cached": self.cached, "skipped": self.skipped}
 
 
 @dataclass(frozen=True)
 class CacheReport:
-    """How the cache ran since it was applied: calls run in full and cached, and why it stepped aside, if it did."""
+    """How the cache ran since it was applied: calls run in full and cached, the steps of each sampling pass, and why
+    it stepped aside, if it did."""
 
     full: int = 0
     cached: int = 0
     notes: tuple[str, ...] = ()
+    passes: tuple[PassCount, ...] = ()
 
 
 _Replaced = tuple[nn.Module, bool, Any, Callable]
@@ -149,7 +152,11 @@ class StepCache:
         self._stream: _Stream | None = None  # the stream of the call running now
         self._pass: _Pass | None = None  # its pass through the blocks running now
         self._passes = 0  # passes through the blocks so far in this call
+        self._time: Any = None  # the sampler time of the call running now
         self._streams: dict[tuple, _Stream] = {}
+        self._steps: list[dict[int, bool]] = []  # per sampling pass: step -> whether a call of it ran in full
+        self.refresh: Callable[[ToMeSettings], Refresh] = Refresh
+        """Makes each stream's schedule (a benchmark may put another rule of the same interface here)."""
         self._originals: list[_Replaced] = []
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._full = self._cached = 0
@@ -206,33 +213,44 @@ class StepCache:
             log.warning("ToMe: a UNet block's forward was replaced over the step cache's; left as it is")
 
     # --- per call ---------------------------------------------------------------------------------------
-    def begin(self, call: Call) -> None:
-        """Decide whether the call starting now runs in full or cached (the root's forward pre-hook)."""
+    def begin(self, call: Call, x: Any = None) -> None:
+        """Decide whether the call starting now (on the UNet input ``x``) runs in full or cached (the root's forward
+        pre-hook)."""
         self._begin_call(None, cached=False)
         if not self.usable:
             return
         if call.restarted:
             self._streams.clear()
+            self._steps.append({})
+        self._time = call.time
         if not self._intact():
             self._note("step cache off: another extension replaced the UNet's blocks")
             self._streams.clear()  # what was cached came from other blocks
+            self._count(call, full=True)
             return
         key = (call.index, call.chunk)
         stream = self._streams.get(key)
-        fits = (
-            stream is not None
-            and stream.size == call.size
-            and stream.batch == call.batch
-            and bool(stream.passes)
-            and all(self._complete(p) for p in stream.passes)
-        )
-        if fits and self._may_cache(call, stream):
+        same = stream is not None and stream.size == call.size and stream.batch == call.batch
+        fits = same and bool(stream.passes) and all(self._complete(p) for p in stream.passes)
+        since_full = call.step - stream.last_full if stream is not None else 0
+        if fits and stream.refresh.may_cache(call.step, call.progress, call.last, since_full, x, call.time):
             self._begin_call(stream, cached=True)
             self._cached += 1
+            self._count(call, full=False)
             return
-        self._streams[key] = stream = _Stream(call.size, call.batch, call.step)
+        refresh, tracks = (stream.refresh, stream.tracks) if same else (self.refresh(self.settings), [])
+        self._streams[key] = stream = _Stream(call.size, call.batch, call.step, refresh, tracks=tracks)
+        refresh.full(x, call.time)
         self._begin_call(stream, cached=False)
         self._full += 1
+        self._count(call, full=True)
+
+    def _count(self, call: Call, full: bool) -> None:
+        """Count the call's step in its sampling pass: full if any of its calls ran in full."""
+        if not self._steps:
+            self._steps.append({})
+        steps = self._steps[-1]
+        steps[call.step] = steps.get(call.step, False) or full
 
     @property
     def cached_now(self) -> bool:
@@ -244,7 +262,7 @@ class StepCache:
         self._pass, self._passes, self.skipping = None, 0, False
 
     def _complete(self, record: _Pass) -> bool:
-        return record.deep is not None and len(record.shapes) == len(self.skipped)
+        return record.deep and len(record.shapes) == len(self.skipped)
 
     def _pass_pre(self, module: nn.Module, args: tuple) -> None:
         """A pass through the blocks begins (``input_blocks[0]``): its record, and whether it is skipped — at a cached
@@ -260,10 +278,9 @@ class StepCache:
         else:
             self._pass = _Pass()
             stream.passes.append(self._pass)
+            while len(stream.tracks) < len(stream.passes):
+                stream.tracks.append(Track(self.settings.cache_forecast))
             self.skipping = False
-
-    def _may_cache(self, call: Call, stream: _Stream) -> bool:
-        return may_cache(self.settings, call.step, call.progress, call.last, call.step - stream.last_full)
 
     def _intact(self) -> bool:
         """The UNet still holds the blocks we wrapped, with our wrappers: another extension may have swapped a block
@@ -294,12 +311,15 @@ class StepCache:
         x = args[0] if args else kwargs.get("x")
         if record is None or not isinstance(x, torch.Tensor) or x.dim() != 4:
             return None
+        track = self._stream.tracks[self._passes - 1] if self._stream is not None else None
         if not self.skipping:
             below = record.shapes.get(self._below)
-            if not self._cached_call and below is not None and below[0][1] < x.shape[1]:
-                record.deep = x[:, : below[0][1]].clone()
+            if not self._cached_call and below is not None and below[0][1] < x.shape[1] and track is not None:
+                track.add(self._time, x[:, : below[0][1]].clone())
+                record.deep = True
             return None
-        deep = record.deep
+        assert track is not None
+        deep = track.predict(self._time)
         assert deep is not None
         if deep.shape[0] != x.shape[0] or deep.shape[2:] != x.shape[2:]:
             self._note("step cache: a cached step's features did not fit; that step's image may be off")
@@ -310,15 +330,18 @@ class StepCache:
 
     # --- reporting -------------------------------------------------------------------------------------
     def report(self) -> CacheReport:
-        return CacheReport(self._full, self._cached, tuple(self._notes))
+        passes = tuple(PassCount(sum(s.values()), len(s) - sum(s.values())) for s in self._steps if s)
+        return CacheReport(self._full, self._cached, tuple(self._notes), passes)
 
     def cached_features(self) -> list[torch.Tensor]:
-        """The deep features held now, one per stream and pass (what cached passes feed their first output block)."""
-        return [p.deep for s in self._streams.values() for p in s.passes if p.deep is not None]
+        """The deep features held now, one per stream and pass (the last full step's: what cached passes feed their
+        first output block, or forecast from)."""
+        return [t.deep for s in self._streams.values() for t in s.tracks if t.deep is not None]
 
     def cached_bytes(self) -> int:
-        """Bytes the cache holds now (the deep features of every stream and pass)."""
-        return sum(t.numel() * t.element_size() for t in self.cached_features())
+        """Bytes the cache holds now: the deep features of every stream and pass and, for the linear forecast, their
+        slopes; the adaptive schedule's subsampled inputs."""
+        return sum(t.nbytes() for s in self._streams.values() for t in (*s.tracks, *s.refresh.tracks()))
 
     def _note(self, text: str) -> None:
         if text not in self._notes:

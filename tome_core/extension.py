@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from . import settings as S
+from .cache import PassCount
 from .patch import apply_settings, find_unet, get_patch, remove_patch
 from .settings import SettingsError, ToMeSettings
 
@@ -23,6 +24,7 @@ TITLE = "ToMe"
 ERROR_KEY = "ToMe error"
 NOTE_KEY = "ToMe note"
 BUILTIN_KEY = "ToMe replaced built-in ratio"
+CACHE_STEPS_KEY = "ToMe cache steps"
 JS_PATH = "javascript/tome.js"
 
 
@@ -100,6 +102,15 @@ class PatchRegistry:
             if patch is not None:
                 patch.set_progress(fraction, steps)
 
+    def cache_counts(self) -> list[PassCount]:
+        """The steps the live patches' step caches ran, per sampling pass (control models have no cache)."""
+        out: list[PassCount] = []
+        for root in list(self._roots):
+            patch = get_patch(root)
+            if patch is not None and patch.cache is not None:
+                out.extend(patch.cache.report().passes)
+        return out
+
     def shortfalls(self) -> list[str]:
         """What the live patches could not merge (:meth:`Patch.report`): each phrase once, whichever model said it."""
         out: list[str] = []
@@ -122,6 +133,8 @@ class Run:
     hires_pending: bool = False  # before_hr was called; the next sampling is the hires pass
     current: ToMeSettings | None = None  # the sampling pass's settings while its model is patched
     notes: list[str] = field(default_factory=list)
+    pass_name: str = "first"  # the sampling pass patched now: "first" or "hires"
+    cache_steps: dict[str, PassCount] = field(default_factory=dict)  # per pass of this batch: the cache's steps
 
     def pass_settings(self, image_seed: int | None, hires: bool) -> ToMeSettings:
         """Settings for one sampling pass: the hires ratio and cache interval in the hires pass, the seed actually
@@ -137,6 +150,24 @@ class Run:
     def note(self, *texts: str) -> None:
         """Add what ToMe could not do (each text once, in order)."""
         self.notes.extend(t for t in texts if t not in self.notes)
+
+    def count_cache(self, counts: Iterable[PassCount]) -> None:
+        """Add what the step cache ran to the current pass (the refiner's model, switched in mid-pass, adds its part)."""
+        for c in counts:
+            old = self.cache_steps.get(self.pass_name, PassCount())
+            self.cache_steps[self.pass_name] = PassCount(
+                old.full + c.full, old.cached + c.cached, old.skipped + c.skipped
+            )
+
+    @property
+    def cache_steps_text(self) -> str | None:
+        """The ``ToMe cache steps`` infotext value, e.g. ``8 full, 12 cached; hires 4 full, 6 cached``; None when the
+        step cache ran no step."""
+        parts = []
+        for name, c in self.cache_steps.items():
+            text = f"{c.full} full, {c.cached} cached" + (f", {c.skipped} skipped" if c.skipped else "")
+            parts.append(text if name == "first" else f"{name} {text}")
+        return "; ".join(parts) or None
 
     @property
     def note_text(self) -> str | None:

@@ -405,7 +405,7 @@ class Patch:
         if self.settings.use_rand:
             self.forward_key = _mix(self.seed, _bits(call.key))
         if self.cache is not None:
-            self.cache.begin(call)
+            self.cache.begin(call, args[0] if args else kwargs.get("x"))
 
     @property
     def _needs_timestep(self) -> bool:

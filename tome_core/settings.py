@@ -15,6 +15,8 @@ from typing import Any, Literal
 MaxDownsample = int | Literal["auto"]
 DOWNSAMPLE_CHOICES: tuple[str, ...] = ("1", "2", "4", "8", "auto")
 METHOD_CHOICES: tuple[str, ...] = ("merge", "downsample")
+FORECAST_CHOICES: tuple[str, ...] = ("off", "linear")
+SCHEDULE_CHOICES: tuple[str, ...] = ("uniform", "adaptive")
 
 
 class SettingsError(ValueError):
@@ -314,6 +316,32 @@ class ToMeSettings:
         step=1,
         hint="Cache interval of the hires. fix pass; 0 (the default) uses the cache interval.",
         axis="Hires. fix cache interval (0 = same)",
+    )
+    cache_forecast: str = _spec(
+        "linear",
+        kind="choice",
+        label="Cache forecast",
+        infotext="ToMe cache forecast",
+        choices=FORECAST_CHOICES,
+        hint="What cached steps use for the deep features. linear (the default): their extrapolation from the last two full steps in the sampler's time (more faithful at the same speed). off: the last full step's, unchanged (DeepCache).",
+    )
+    cache_schedule: str = _spec(
+        "uniform",
+        kind="choice",
+        label="Cache schedule",
+        infotext="ToMe cache schedule",
+        choices=SCHEDULE_CHOICES,
+        hint="uniform (the default): a full step every cache interval (DeepCache). adaptive: also a full step as soon as the UNet's input strays from its forecast by more than the cache threshold; the cache interval is then the longest run without one.",
+    )
+    cache_threshold: float = _spec(
+        0.08,
+        kind="float",
+        label="Cache threshold",
+        infotext="ToMe cache threshold",
+        minimum=0.0,
+        maximum=1.0,
+        step=0.005,
+        hint="adaptive schedule only: how far (relative L1) the UNet's input may stray from its forecast before a full step; lower is more faithful and slower, 0 makes every step full.",
     )
 
     def __post_init__(self) -> None:

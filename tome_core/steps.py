@@ -34,6 +34,7 @@ class Call:
     restarted: bool  # this call began a new pass (or its step is unknown): anything kept from before is stale
     steps: int | None = None  # the pass's number of steps, when the caller reports it
     chunk: tuple[int, ...] | None = None  # Forge's ``transformer_options["cond_or_uncond"]``
+    time: torch.Tensor | float | None = None  # the sampler's time: the call's first timestep, never read back
 
     @property
     def last(self) -> bool:
@@ -41,11 +42,11 @@ class Call:
         return self.steps is not None and self.step >= self.steps - 1
 
 
-def _timestep_value(timesteps: Any) -> float | None:
-    """The call's first timestep as a number, if it has one."""
+def _first_timestep(timesteps: Any) -> torch.Tensor | float | None:
+    """The call's first timestep: a 0-d tensor where it came as one (still on its device), else a number, else None."""
     if isinstance(timesteps, torch.Tensor) and timesteps.numel():
-        return float(timesteps.flatten()[0])
-    if isinstance(timesteps, (int, float)):
+        return timesteps.flatten()[0]
+    if isinstance(timesteps, (int, float)) and not isinstance(timesteps, bool):
         return float(timesteps)
     return None
 
@@ -96,10 +97,11 @@ class StepClock:
         if isinstance(x, torch.Tensor) and x.dim() == 4:
             size, batch = (int(x.shape[2]), int(x.shape[3])), int(x.shape[0])
         reported = self.progress is not None
+        time = _first_timestep(call_arg(module, args, kwargs, "timesteps"))
         if reported:
             key = progress = self.progress
         elif read_timestep:
-            key = _timestep_value(call_arg(module, args, kwargs, "timesteps"))
+            key = None if time is None else float(time)  # the one read back from the device
             progress = None if key is None else 1.0 - key / 1000.0
         else:
             key = progress = None
@@ -112,5 +114,5 @@ class StepClock:
         else:
             self._index += 1
         steps = self.steps if reported else None
-        self.call = Call(size, batch, progress, key, self._step, self._index, restarted, steps, _chunk(kwargs))
+        self.call = Call(size, batch, progress, key, self._step, self._index, restarted, steps, _chunk(kwargs), time)
         return self.call

@@ -1,0 +1,93 @@
+"""When a stream of UNet calls runs a full step and when a cached one (``cache_schedule``).
+
+Both schedules keep DeepCache's guard rails: the first and the last step of a pass are full, and so is every step
+outside ``cache_start <= progress < cache_end``; and a stream never goes ``cache_interval`` steps without a full one.
+
+* ``uniform`` (DeepCache's): inside those rails every step is cached, so full steps fall at 0, N, 2N, … .
+* ``adaptive``: a step is also full when the UNet's input has moved away from where the stream expected it by more
+  than ``cache_threshold``: the relative L1 distance between the call's input and its forecast from the stream's last
+  full steps (the same forecast the deep features get, :class:`tome_core.forecast.Track`: linear in the sampler's time,
+  or, with ``cache_forecast`` off, the last full step's input). Where the trajectory bends, the deep features' forecast
+  goes wrong with it, so a full step comes sooner; where it runs straight, later. Threshold 0 makes every step full.
+  The distance is measured on every 4th latent pixel per side and read back once per cached-step candidate (the one
+  device-to-host read the adaptive schedule costs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .forecast import Time, Track
+from .settings import ToMeSettings
+
+SUBSAMPLE = 4
+"""The signal's stride per side over the latent (1/16 of its pixels)."""
+
+
+def may_cache(settings: ToMeSettings, step: int, progress: float | None, last: bool, since_full: int) -> bool:
+    """The guard rails: whether a step may be cached at all — not the pass's first or last, inside ``cache_start <=
+    progress < cache_end``, and fewer than ``cache_interval`` steps since the stream's last full step."""
+    if step == 0 or last or progress is None:
+        return False
+    if not settings.cache_start <= progress < settings.cache_end:
+        return False
+    return since_full < settings.cache_interval
+
+
+def uniform_plan(settings: ToMeSettings, steps: int) -> list[bool]:
+    """Which of a pass's ``steps`` the uniform schedule caches (True) when every step is reported: for counting a run's
+    full and cached steps ahead of it (the adaptive schedule's depend on the run)."""
+    out, last_full = [], 0
+    for step in range(steps):
+        cached = settings.caches and may_cache(settings, step, step / steps, step == steps - 1, step - last_full)
+        last_full = last_full if cached else step
+        out.append(cached)
+    return out
+
+
+class Refresh:
+    """One stream's schedule: whether its next call may be cached (see the module)."""
+
+    def __init__(self, settings: ToMeSettings) -> None:
+        self.settings = settings
+        self.adaptive = settings.cache_schedule == "adaptive"
+        self._inputs = Track(settings.cache_forecast) if self.adaptive else None
+        self.last_signal: float | None = None  # the adaptive signal of the last candidate (for reports and tests)
+
+    def may_cache(
+        self, step: int, progress: float | None, last: bool, since_full: int, x: torch.Tensor | None, time: Time
+    ) -> bool:
+        """Whether this call may be cached: the guard rails, then (adaptive) the input's distance from its forecast."""
+        self.last_signal = None
+        if not may_cache(self.settings, step, progress, last, since_full):
+            return False
+        if self._inputs is None:
+            return True
+        expected = self._inputs.predict(time) if _usable(x) else None
+        if expected is None or expected.shape != _signal(x).shape:
+            return False
+        self.last_signal = _relative_l1(_signal(x), expected)
+        return self.last_signal < self.settings.cache_threshold
+
+    def full(self, x: torch.Tensor | None, time: Time) -> None:
+        """The stream ran a full step on ``x`` at ``time``."""
+        if self._inputs is not None and _usable(x):
+            self._inputs.add(time, _signal(x).clone())
+
+    def tracks(self) -> tuple[Track, ...]:
+        """What the schedule holds (the adaptive one: the subsampled inputs of the last full steps)."""
+        return () if self._inputs is None else (self._inputs,)
+
+
+def _usable(x: object) -> bool:
+    return isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point()
+
+
+def _signal(x: torch.Tensor) -> torch.Tensor:
+    return x[..., ::SUBSAMPLE, ::SUBSAMPLE].float()
+
+
+def _relative_l1(x: torch.Tensor, expected: torch.Tensor) -> float:
+    """``mean |x - expected| / mean |x|`` as a number (one read back from the device); 0 for an all-zero ``x``."""
+    scale = x.abs().mean()
+    return float((x - expected).abs().mean() / scale.clamp_min(torch.finfo(scale.dtype).tiny))
