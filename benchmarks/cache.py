@@ -9,7 +9,7 @@ Part 1, real widths (the shipped SD1.5 and SDXL architectures, random weights: a
 depend on them): SD1.5 at 512 and 1024 px (batch 2: cond + uncond) and SDXL at 1024 px (batch 1). Per mode, in
 interleaved rounds (medians): one full step (the unpatched UNet for plain; ours with the cache on, at its first
 step) and one cached step (branch 0: the step after it). The speed-up of a 20-step Euler + CFG run is derived from
-them with the cache's own schedule (``tome_core.cache.schedule``: the first and the last step full, a full step
+them with the cache's own schedule (``tome_core.schedule.uniform_plan``: the first and the last step full, a full step
 every N). Part 2, reduced width: the same per-step costs *and* whole 20-step sampling runs (the shared sampling
 loop, progress reported every step), interleaved, so that the derived figure can be checked against the measured
 one within the run's spread. Memory: the deep features the cache holds per cond/uncond chunk (exact bytes), and on
@@ -31,7 +31,7 @@ from benchmarks import sampler as S
 from benchmarks.results import load_run_data, mib, run_meta, save_run_data, verdict, write_section
 from benchmarks.suite import Config, photo_latents
 from benchmarks.timing import Timer, device_and_dtype, prepare
-from tome_core.cache import schedule
+from tome_core.schedule import uniform_plan
 
 BEGIN, END = "<!-- cache:begin -->", "<!-- cache:end -->"
 STEPS = 20
@@ -74,7 +74,7 @@ class StepCosts:
         schedule."""
         plan = [False] * steps
         if interval is not None:
-            plan = schedule(tome_core.ToMeSettings(cache=True, cache_interval=interval, cache_start=start), steps)
+            plan = uniform_plan(tome_core.ToMeSettings(cache=True, cache_interval=interval, cache_start=start), steps)
         seconds = sum(self.cost("cached" if c else "full", mode) for c in plan)
         return steps * self.cost("full", "plain") / seconds
 
@@ -90,7 +90,9 @@ class StepCosts:
 def _settings(mode: str, interval: int = 3) -> tome_core.ToMeSettings:
     """Our mode ``mode`` (plain: ratio 0, the cache alone) with the cache on at ``interval``."""
     base = M.MODES[mode].settings if mode != "plain" else {"ratio": 0.0}
-    return tome_core.ToMeSettings(enabled=True, seed=M.SEED, **base, cache=True, cache_interval=interval)
+    return tome_core.ToMeSettings(
+        enabled=True, seed=M.SEED, **base, cache=True, cache_interval=interval, cache_forecast="off"
+    )
 
 
 def step_inputs(config: Config, device: torch.device, dtype: torch.dtype):
@@ -291,8 +293,8 @@ def section(results: list[StepCosts], meta: dict) -> str:
             "A full step of our modes is timed with the cache on (its first step); a cached step is the one after "
             "it (branch 0). Plain's full step is the unpatched UNet; the built-in (tomesd) has no cache. "
             f"Derived speed-up of a {STEPS}-step run = {STEPS} plain full steps over the mode's full and cached "
-            f"steps in the cache's schedule (N=3: {schedule(_settings('plain'), STEPS).count(False)} full, "
-            f"{schedule(_settings('plain'), STEPS).count(True)} cached).",
+            f"steps in the cache's schedule (N=3: {uniform_plan(_settings('plain'), STEPS).count(False)} full, "
+            f"{uniform_plan(_settings('plain'), STEPS).count(True)} cached).",
             "",
             "### Targets (issue 14), judged from this run",
             "",

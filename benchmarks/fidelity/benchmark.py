@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from benchmarks import anchors
 from benchmarks import modes as modes_
 from benchmarks import sampler as S
 
@@ -57,17 +58,20 @@ class ModeResult:
     accuracy: Estimate
     kid: Estimate
     eps_error: list[float] = field(default_factory=list)  # per step, relative, over the first seeds
+    steps: list[dict[str, int]] = field(default_factory=list)
+    """What the steps cost, by kind (:data:`benchmarks.anchors.KINDS`): one entry per seed for a mode sampled seed by
+    seed, else one for the batch; empty for a mode without a cache (its speed is the real-width runs')."""
 
     def to_json(self) -> dict:
         est = {k: None if v is None else v.to_json() for k, v in vars(self).items() if isinstance(v, Estimate | None)}
-        return {**est, "mode": self.mode, "eps_error": self.eps_error}
+        return {**est, "mode": self.mode, "eps_error": self.eps_error, "steps": self.steps}
 
     @classmethod
     def from_json(cls, d: dict) -> ModeResult:
         def est(key: str) -> Estimate | None:
             return None if d[key] is None else Estimate.from_json(d[key])
 
-        return cls(d["mode"], est("psnr"), est("ssim"), est("accuracy"), est("kid"), d["eps_error"])
+        return cls(d["mode"], est("psnr"), est("ssim"), est("accuracy"), est("kid"), d["eps_error"], d.get("steps", []))
 
 
 class Trajectory:
@@ -92,6 +96,18 @@ def labels_for(seeds: range, classes: int) -> torch.Tensor:
     return torch.tensor([seed % classes for seed in seeds])
 
 
+def step_counts(applied) -> list[dict[str, int]]:
+    """What a sampling run's steps cost, by kind: per seed from another cache's rule, or for the batch from our
+    patch's step cache (full and cached steps); empty without a cache."""
+    if isinstance(applied, anchors.StepRule):
+        return applied.counts()
+    if applied is None or applied.cache is None:
+        return []
+    passes = applied.cache.report().passes
+    full, cached = sum(p.full for p in passes), sum(p.cached for p in passes)
+    return [{"full": full, "partial": cached, "first": 0, "skip": 0}]
+
+
 def run_sampling(
     model: Model,
     mode: modes_.Mode,
@@ -100,20 +116,28 @@ def run_sampling(
     sigmas: list[float],
     sampler: str,
     on_step=None,
-) -> torch.Tensor:
-    """One sampling run of ``mode`` (applied afresh, removed after)."""
-    patch = mode.apply(model.unet)
+) -> tuple[torch.Tensor, list[dict[str, int]]]:
+    """One sampling run of ``mode`` (applied afresh, removed after), seed by seed for a mode whose decisions depend on
+    the sample (``per_seed``); the samples and what their steps cost (:func:`step_counts`: one entry per run)."""
+    if mode.per_seed and len(noise) > 1 and on_step is None:
+        runs = [
+            run_sampling(model, mode, noise[i : i + 1], labels[i : i + 1], sigmas, sampler) for i in range(len(noise))
+        ]
+        return torch.cat([out for out, _ in runs]), [c for _, counts in runs for c in counts]
+    applied = mode.apply(model.unet, len(sigmas) - 1)
     conditioning = S.batched(model.condition(labels), model.condition(torch.full_like(labels, -1)))
-    progress = None if patch is None else (lambda i, steps: patch.set_progress(i / steps, steps))  # as the WebUI
+    progress = None if applied is None else (lambda i, steps: applied.set_progress(i / steps, steps))  # as the WebUI
     try:
-        return S.sample(S.CFGDenoiser(model.unet, conditioning, CFG), noise, sigmas, sampler, progress, on_step)
+        out = S.sample(S.CFGDenoiser(model.unet, conditioning, CFG), noise, sigmas, sampler, progress, on_step)
+        return out, step_counts(applied)
     finally:
         modes_.PLAIN.apply(model.unet)
 
 
 def eps_errors(model: Model, mode: modes_.Mode, labels: torch.Tensor, plain: Trajectory) -> list[float]:
-    """The mode's guided ε at each input of plain's trajectory, relative to plain's (mode applied afresh)."""
-    patch = mode.apply(model.unet)
+    """The mode's guided ε at each input of plain's trajectory, relative to plain's (mode applied afresh; a mode sampled
+    seed by seed decides here for the first seeds together)."""
+    patch = mode.apply(model.unet, len(plain.x))
     conditioning = S.batched(model.condition(labels), model.condition(torch.full_like(labels, -1)))
     denoiser = S.CFGDenoiser(model.unet, conditioning, CFG)
     steps = len(plain.x)
@@ -168,8 +192,9 @@ def run_case(
         if done and mode.name in done and mode.name != "plain":
             results[mode.name] = done[mode.name]
             continue
+        steps: list[dict[str, int]] = []
         if mode.name == "plain":
-            out = run_sampling(model, mode, noise, labels, sigmas, case.sampler, plain_path)
+            out, _ = run_sampling(model, mode, noise, labels, sigmas, case.sampler, plain_path)
             plain_path.x = [x[:k] for x in plain_path.x]
             plain_path.eps = [e[:k] for e in plain_path.eps]
             plain = out
@@ -177,7 +202,7 @@ def run_case(
             errors = [0.0] * len(plain_path.x)
         else:
             assert plain is not None, "plain runs first"
-            out = run_sampling(model, mode, noise, labels, sigmas, case.sampler)
+            out, steps = run_sampling(model, mode, noise, labels, sigmas, case.sampler)
             p, s = psnr_ssim(out, plain)
             psnr, ssim = bootstrap(p), bootstrap(s)
             errors = eps_errors(model, mode, labels[:k], plain_path)
@@ -188,6 +213,7 @@ def run_case(
             bootstrap(accuracy_values(out, labels)),
             kid_estimate(features(out), data_features),
             errors,
+            steps,
         )
         log(f"  {case.name}: {mode.label}: {time.perf_counter() - start:.0f} s")
         if on_result is not None:
@@ -203,7 +229,7 @@ def untrained_accuracy(layout: str, seeds: int, steps: int) -> Estimate:
     model = Model(layout, unet.eval().requires_grad_(False), conditioner.eval(), data.CLASSES, arch.size, arch.channels)
     seed_range = range(seeds)
     labels = labels_for(seed_range, len(data.CLASSES))
-    out = run_sampling(
+    out, _ = run_sampling(
         model,
         modes_.PLAIN,
         noise_for(seed_range, arch.size, arch.channels),
@@ -230,10 +256,36 @@ class Plan:
     """Per layout, samplers whose modes or sides differ from ``samplers``."""
 
 
-DPMPP_MODES = ("plain", "cache-3", "cache-3-from-0.2", "cache-3+exact-0.5")
-"""DPM++ 2M, where early cached steps are reported to hurt (DeepCache #9): the cache with and without a late start."""
+FRONTIER_MODES = tuple(m.name for m in modes_.FRONTIER)
+"""Issue 23's caches side by side (DeepCache's schedules, our forecast and adaptive schedule, the other UIs' caches)."""
+DPMPP_MODES = (
+    "plain",
+    "cache-3",
+    "cache-3-from-0.2",
+    "cache-3+exact-0.5",
+    *(m for m in FRONTIER_MODES if "adaptive-0.15" not in m and "adaptive-0.08-10-linear+" not in m),
+)
+"""DPM++ 2M, where early cached steps are reported to hurt (DeepCache #9): the cache with and without a late start,
+and the caches side by side (the adaptive schedule at its two lower thresholds)."""
 TOME_MODES = ("plain", "tomesd", *(m.name for m in modes_.TOME))
 """Every token-merging mode (issue 16's list), at both sides on both layouts."""
+TWICE_FRONTIER = (
+    "cache-2",
+    "cache-3",
+    "cache-4",
+    "cache-3+todo-2",
+    "deepcache-nonuniform-3",
+    "cache-2-linear",
+    "cache-3-linear",
+    "cache-4-linear",
+    "cache-3-linear+todo-2",
+    "cache-4-linear+todo-2",
+    "fbcache-0.05",
+    "teacache-0.1",
+    "easycache-0.05",
+    "spectrum",
+)
+"""At SD1.5's 2x side, issue 23's caches near 2x, 3x and 4x: DeepCache's and ours, one setting of each other cache."""
 TWICE_MODES = (*TOME_MODES, "cache-3+exact-0.5")
 """At 2x the side, where a sampling run costs 7x more here: every token-merging mode and the cache with ToMe's
 default (SDXL: the cache alone too); the cache's other intervals are measured at the trained side."""
@@ -243,10 +295,14 @@ FULL = Plan(
     64,
     8,
     STEPS,
-    {"euler": (EULER_MODES, (1,)), "dpmpp_2m": (DPMPP_MODES, (1,)), "euler@2x": (TWICE_MODES, (2,))},
+    {
+        "euler": (EULER_MODES, (1,)),
+        "dpmpp_2m": (DPMPP_MODES, (1,)),
+        "euler@2x": ((*TWICE_MODES, *TWICE_FRONTIER), (2,)),
+    },
     overrides={
         "sdxl": {
-            "dpmpp_2m": (("plain", "cache-3", "cache-3-from-0.2"), (1,)),
+            "dpmpp_2m": (tuple(m for m in DPMPP_MODES if m != "cache-3+exact-0.5"), (1,)),
             "euler@2x": ((*TWICE_MODES, "cache-3"), (2,)),
         }
     },

@@ -50,6 +50,8 @@ def _from_cache_run(layout: str, runs=None) -> dict[str, float]:
         if not costs.config.get("real") or costs.config["layout"] != layout or costs.config["px"] != 1024:
             continue
         for name, mode in modes.MODES.items():
+            if mode in modes.FRONTIER:  # priced from the steps counted in the run (:func:`priced`)
+                continue
             settings = mode.settings or {}
             tome = _tome_of(name)
             if tome not in costs.full:
@@ -73,3 +75,66 @@ def _median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+# --- modes whose steps were counted in the run ----------------------------------------------------------------------
+
+
+def _step_costs(layout: str, runs=None):
+    """The step-cache benchmark's real-width costs at 1024 px for ``layout``, or None."""
+    from benchmarks.cache import StepCosts
+
+    try:
+        results, _ = load_run_data("cache-cpu", runs or RUNS)
+    except FileNotFoundError:
+        return None
+    for data in results:
+        costs = StepCosts(**data)
+        if costs.config.get("real") and costs.config["layout"] == layout and costs.config["px"] == 1024:
+            return costs
+    return None
+
+
+def _extra_costs(layout: str, runs=None):
+    """``benchmarks.cache_costs``' real-width costs at 1024 px for ``layout`` (kind → seconds), or None."""
+    from benchmarks.cache_costs import ExtraCosts
+
+    try:
+        results, _ = load_run_data("cache-costs-cpu", runs or RUNS)
+    except FileNotFoundError:
+        return None
+    for data in results:
+        extra = ExtraCosts(**data)
+        if extra.config.get("real") and extra.config["layout"] == layout and extra.config["px"] == 1024:
+            return {kind: extra.cost(kind) for kind in extra.seconds}
+    return None
+
+
+def priced(layout: str, name: str, counts: dict[str, int], runs=None) -> float | None:
+    """The speed-up over plain at 1024 px, real width, of a run of mode ``name`` whose steps were counted (``counts``:
+    kind → steps, :data:`benchmarks.anchors.KINDS`), priced with the real-width costs: our modes' full and cached steps
+    from ``benchmarks.cache`` (with their token merging), the linear forecast's and the adaptive signal's extra, the
+    other caches' skipped steps from ``benchmarks.cache_costs``. None where a cost was never measured."""
+    from benchmarks import modes
+
+    costs, extra = _step_costs(layout, runs), _extra_costs(layout, runs)
+    mode = modes.MODES[name]
+    if costs is None or extra is None:
+        return None
+    steps = sum(counts.values())
+    plain = costs.cost("full", "plain")
+    if mode.rule is not None:
+        skip = extra["spectrum"] if name.startswith("spectrum") else extra["skip"]
+        seconds = counts["full"] * plain + counts["first"] * extra["first"] + counts["skip"] * skip
+        return steps * plain / seconds
+    tome = _tome_of(name.replace("-linear", ""))
+    tome = "plain" if tome.startswith(("cache-", "deepcache-")) else tome
+    if tome not in costs.full or tome not in costs.cached:
+        return None
+    settings = mode.settings or {}
+    full, partial = costs.cost("full", tome), costs.cost("cached", tome)
+    if settings.get("cache_forecast", "linear") == "linear":
+        full, partial = full + extra["slope"], partial + extra["forecast"]
+    if settings.get("cache_schedule") == "adaptive":
+        full, partial = full + extra["signal"], partial + extra["signal"]
+    return steps * plain / (counts["full"] * full + counts["partial"] * partial)
