@@ -23,6 +23,7 @@ TITLE = "ToMe"
 ERROR_KEY = "ToMe error"
 NOTE_KEY = "ToMe note"
 BUILTIN_KEY = "ToMe replaced built-in ratio"
+REFINER_KEY = "Refiner"  # the host's infotext key, set by its apply_refiner when it switches to the refiner
 JS_PATH = "javascript/tome.js"
 
 
@@ -121,6 +122,7 @@ class Run:
     settings: ToMeSettings
     hires_pending: bool = False  # before_hr was called; the next sampling is the hires pass
     current: ToMeSettings | None = None  # the sampling pass's settings while its model is patched
+    refined: bool = False  # the refiner has been switched in (the host's infotext says so)
     notes: list[str] = field(default_factory=list)
 
     def pass_settings(self, image_seed: int | None, hires: bool) -> ToMeSettings:
