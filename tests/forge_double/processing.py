@@ -62,6 +62,8 @@ def process_images(p) -> Processed:
 class ForgeSampling:
     """What every Forge processing class does around a sampling pass."""
 
+    create_sampler = staticmethod(sd_samplers.create_sampler)  # Forge's sampler (a host variant may have its own)
+
     def parse_extra_network_prompts(self) -> None:
         sd_models.forge_model_reload()
         self.sd_model.forge_objects = self.sd_model.forge_objects_original.shallow_copy()
@@ -78,7 +80,7 @@ class StableDiffusionProcessingTxt2Img(ForgeSampling, webui.StableDiffusionProce
     hr_cfg: float = 1.0
 
     def sample(self, conditioning, unconditional_conditioning, seeds, subseeds, subseed_strength, prompts):
-        self.sampler = sd_samplers.create_sampler(self.sampler_name, self.sd_model)
+        self.sampler = self.create_sampler(self.sampler_name, self.sd_model)
         x = self.rng.next()
         self.reset_forge_objects_and_merge()
         if self.scripts is not None:
@@ -97,7 +99,7 @@ class StableDiffusionProcessingTxt2Img(ForgeSampling, webui.StableDiffusionProce
         if shared.state.interrupted:
             return samples
         self.is_hr_pass = True
-        self.sampler = sd_samplers.create_sampler(self.hr_sampler_name or self.sampler_name, self.sd_model)
+        self.sampler = self.create_sampler(self.hr_sampler_name or self.sampler_name, self.sd_model)
         samples = torch.nn.functional.interpolate(
             samples,
             size=(self.hr_upscale_to_y // opt_f, self.hr_upscale_to_x // opt_f),
@@ -128,7 +130,7 @@ class StableDiffusionProcessingTxt2Img(ForgeSampling, webui.StableDiffusionProce
 class StableDiffusionProcessingImg2Img(ForgeSampling, webui.StableDiffusionProcessingImg2Img):
     def init(self, all_prompts, all_seeds, all_subseeds):
         super().init(all_prompts, all_seeds, all_subseeds)
-        self.sampler = sd_samplers.create_sampler(self.sampler_name, self.sd_model)
+        self.sampler = self.create_sampler(self.sampler_name, self.sd_model)
 
     def sample(self, conditioning, unconditional_conditioning, seeds, subseeds, subseed_strength, prompts):
         x = self.rng.next()
