@@ -27,15 +27,19 @@ from torch import nn
 
 def _tome_functions(x: torch.Tensor, ratio: float, original_shape):
     """``get_functions`` (l.130-150): the global RNG draws the partition unless ``token_merging_no_rand``."""
+    stride, max_downsample, no_rand = (
+        opts.token_merging_stride,
+        opts.token_merging_downsample,
+        bool(opts.token_merging_no_rand),
+    )
+    TomePatcher.calls.append((ratio, stride, max_downsample, no_rand))
     _, _, original_h, original_w = original_shape
     downsample = math.ceil(math.sqrt(original_h * original_w // x.shape[1]))
-    if downsample <= opts.token_merging_downsample:
+    if downsample <= max_downsample:
         w, h = math.ceil(original_w / downsample), math.ceil(original_h / downsample)
         r = int(x.shape[1] * ratio)
         if r <= 0 or w == 1 or h == 1:
             return (lambda y: y), (lambda y: y)
-        stride = opts.token_merging_stride
-        no_rand = bool(opts.token_merging_no_rand)
         return tomesd.merge.bipartite_soft_matching_random2d(
             x, w, h, stride, stride, r, no_rand, torch.default_generator
         )
@@ -43,26 +47,11 @@ def _tome_functions(x: torch.Tensor, ratio: float, original_shape):
 
 
 class TomePatcher(forge.TomePatcher):
-    """``TomePatcher.patch`` (l.153-168), with Neo's ``get_functions``."""
+    """``TomePatcher.patch`` (l.153-168): Forge's, with Neo's ``get_functions``."""
 
+    functions = staticmethod(_tome_functions)
     calls: ClassVar[list[tuple[float, int, int, bool]]] = []
-    """Test-only: ``(ratio, stride, max downsample, no_rand)`` of every merge the built-in made."""
-
-    def patch(self, model: forge.UnetPatcher, ratio: float) -> forge.UnetPatcher:
-        def tomesd_m(q, k, v, extra_options):
-            TomePatcher.calls.append(
-                (ratio, opts.token_merging_stride, opts.token_merging_downsample, bool(opts.token_merging_no_rand))
-            )
-            m, self.u = _tome_functions(q, ratio, extra_options["original_shape"])
-            return m(q), k, v
-
-        def tomesd_u(n, extra_options):
-            return self.u(n)
-
-        m = model.clone()
-        m.set_model_attn1_patch(tomesd_m)
-        m.set_model_attn1_output_patch(tomesd_u)
-        return m
+    """Test-only: ``(ratio, stride, max downsample, no_rand)`` of every attn1 call the built-in patched."""
 
 
 # --- the model families without the ldm/sgm UNet ------------------------------------------------------------------
