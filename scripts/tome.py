@@ -222,7 +222,7 @@ class ToMeScript(scripts.Script):
         height, width = (int(x.shape[-2]) * 8, int(x.shape[-1]) * 8) if x is not None else (p.height, p.width)
         seeds = getattr(p, "seeds", None)
         settings = run.pass_settings(seeds[0] if seeds else getattr(p, "seed", None), hires)
-        run.refined = ext.REFINER_KEY in p.extra_generation_params
+        run.refined = ext.REFINER_KEY in p.extra_generation_params  # a switch during this pass adds the key
         other = forge_caches.other_cache(shared.sd_model) if settings.caches else None
         if other is not None:  # one step cache at a time: theirs (its script ran before ours: a built-in)
             run.note(f"step cache off: {other} caches the steps")
@@ -313,9 +313,10 @@ def _on_cfg_denoiser(params: Any) -> None:
     if run is not None and run.current is not None:
         settings = run.current
         models, followers = [], []
-        refined = not run.refined and ext.REFINER_KEY in p.extra_generation_params  # (Neo: maybe in place)
+        # the refiner took over at this call: another model, or (Neo) its weights loaded into the same one
+        refined = not run.refined and ext.REFINER_KEY in p.extra_generation_params
         run.refined = run.refined or refined
-        if refined or not registry.patched(shared.sd_model):  # the refiner switched models: follow it
+        if refined or not registry.patched(shared.sd_model):  # follow it: a fresh patch, a fresh step cache
             _unpatch(run)
             models, followers = _pass_models(p, run, settings)
         if models or getattr(denoiser, "step", None) == 0:

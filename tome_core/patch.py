@@ -167,7 +167,6 @@ class MergeReport:
     host words it (Forge's ``ToMe note``). Counts of blocks are of distinct transformer blocks.
 
     * ``blocks``: transformer blocks in the patched module; 0 means nothing can be merged (Flux, SD3, Chroma).
-    * ``model``: what the notes call the model (the class of the object the host passed: Forge's engine ``Flux``).
     * ``forwards``: forwards of the patched module seen (0 with ``blocks == 0``: no hooks at all).
     * ``attn1_skipped``: blocks that ran inside the step schedule at a level ToMe acts on, with ``attn1`` a
       target (``merge_attn`` or ToDo), whose ``attn1`` module was never called (replaced by another
@@ -181,6 +180,7 @@ class MergeReport:
       (:func:`tome_core.neighbours.taken_over`: ``"self-attention"`` tiled by Hypertile, patched by ControlNet-LLLite,
       …), counted where ToMe would have changed them.
     * ``cache``: the step cache's report (calls run in full and cached, where it stepped aside), when it is on.
+    * ``model``: what the notes call the model (the class of the object the host passed: Forge's engine ``Flux``).
     """
 
     blocks: int
