@@ -27,7 +27,7 @@ from modules import script_callbacks, shared
 from modules.ui_components import InputAccordion
 
 from tome_core import extension as ext
-from tome_core import forge_controlnet
+from tome_core import forge_caches, forge_controlnet
 from tome_core import settings as S
 from tome_core.controlnet import control_models
 from tome_core.patch import get_patch
@@ -229,6 +229,11 @@ class ToMeScript(scripts.Script):
         height, width = (int(x.shape[-2]) * 8, int(x.shape[-1]) * 8) if x is not None else (p.height, p.width)
         seeds = getattr(p, "seeds", None)
         settings = run.pass_settings(seeds[0] if seeds else getattr(p, "seed", None), hires)
+        run.refined = ext.REFINER_KEY in p.extra_generation_params  # a switch during this pass adds the key
+        other = forge_caches.other_cache(shared.sd_model) if settings.caches else None
+        if other is not None:  # one step cache at a time: theirs (its script ran before ours: a built-in)
+            run.note(f"step cache off: {other} caches the steps")
+            settings = settings.replace(cache=False)
         if run.too_small(width, height):
             run.note(
                 f"{'hires' if hires else 'first'} pass {width}x{height} is below the minimum size {run.settings.min_size} px: not merged"
@@ -309,15 +314,20 @@ def _patch(p: Any, run: ext.Run, settings: S.ToMeSettings, models: list[Any], fo
 
 def _on_cfg_denoiser(params: Any) -> None:
     """Sampling progress for the step schedule and plan reuse (each sampling pass starts again at 0). Also
-    follows the model: a UNet the refiner switched in mid-sampling is patched (the old one cleaned), and at a
-    pass's first call the control models Forge's ControlNet attached (ControlLora's exist only from here on)."""
+    follows the model: a UNet the refiner switched in mid-sampling is patched (the old one cleaned; Neo's *Reload
+    state_dict only* loads the refiner's weights into the same UNet, which is patched afresh, so that the step cache
+    starts again), and at a pass's first call the control models Forge's ControlNet attached (ControlLora's exist only
+    from here on)."""
     denoiser = getattr(params, "denoiser", None)
     p = getattr(denoiser, "p", None)
     run: ext.Run | None = getattr(p, RUN_ATTR, None)
     if run is not None and run.current is not None:
         settings = run.current
         models, followers = [], []
-        if not registry.patched(shared.sd_model):  # the refiner switched models: follow it
+        # the refiner took over at this call: another model, or (Neo) its weights loaded into the same one
+        refined = not run.refined and ext.REFINER_KEY in p.extra_generation_params
+        run.refined = run.refined or refined
+        if refined or not registry.patched(shared.sd_model):  # follow it: a fresh patch, a fresh step cache
             _unpatch(run)
             models, followers = _pass_models(p, run, settings)
         if models or getattr(denoiser, "step", None) == 0:

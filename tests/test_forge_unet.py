@@ -500,6 +500,6 @@ def test_a_model_without_transformer_blocks_patches_runs_unchanged_and_says_so()
         assert not any(m._forward_pre_hooks or m._forward_hooks for m in flux.modules())
         assert torch.equal(patcher.model.apply_model(x, t, c_crossattn=ctx), base)
         assert patch.report().blocks == 0
-        assert patch.report().notes == ("no UNet transformer blocks in this model: nothing merged",)
+        assert patch.report().notes == (f"nothing merged ({type(engine).__name__} has no UNet transformer blocks)",)
         tome_core.remove_patch(engine)
     assert tome_core.get_patch(engine) is None

@@ -25,6 +25,7 @@ ERROR_KEY = "ToMe error"
 NOTE_KEY = "ToMe note"
 BUILTIN_KEY = "ToMe replaced built-in ratio"
 CACHE_STEPS_KEY = "ToMe cache steps"
+REFINER_KEY = "Refiner"  # the host's infotext key, set by its apply_refiner when it switches to the refiner
 JS_PATH = "javascript/tome.js"
 
 
@@ -132,6 +133,7 @@ class Run:
     settings: ToMeSettings
     hires_pending: bool = False  # before_hr was called; the next sampling is the hires pass
     current: ToMeSettings | None = None  # the sampling pass's settings while its model is patched
+    refined: bool = False  # the refiner has been switched in (the host's infotext says so)
     notes: list[str] = field(default_factory=list)
     pass_name: str = "first"  # the sampling pass patched now: "first" or "hires"
     cache_steps: dict[str, PassCount] = field(default_factory=dict)  # per pass of this batch: the cache's steps

@@ -180,6 +180,7 @@ class MergeReport:
       (:func:`tome_core.neighbours.taken_over`: ``"self-attention"`` tiled by Hypertile, patched by ControlNet-LLLite,
       …), counted where ToMe would have changed them.
     * ``cache``: the step cache's report (calls run in full and cached, where it stepped aside), when it is on.
+    * ``model``: what the notes call the model (the class of the object the host passed: Forge's engine ``Flux``).
     """
 
     blocks: int
@@ -190,13 +191,14 @@ class MergeReport:
     unfit: int = 0
     aside: tuple[tuple[str, str, int], ...] = ()
     cache: CacheReport | None = None  # the step cache's calls and notes, when it is on
+    model: str = "this model"
 
     @property
     def notes(self) -> tuple[str, ...]:
         """Short, host-independent phrases, one per kind of shortfall (empty when there is none)."""
         cache = self.cache.notes if self.cache is not None else ()
         if self.blocks == 0:
-            return ("no UNet transformer blocks in this model: nothing merged", *cache)
+            return (f"nothing merged ({self.model} has no UNet transformer blocks)", *cache)
         of = f"of {self.blocks} blocks"
         counts = (
             (
@@ -235,8 +237,11 @@ class _CachedPlan:
 class Patch:
     """The token-merging patch of one root module. Create through :func:`apply_patch`."""
 
-    def __init__(self, root: nn.Module, settings: ToMeSettings, leader: StepCache | None = None):
+    def __init__(
+        self, root: nn.Module, settings: ToMeSettings, leader: StepCache | None = None, name: str | None = None
+    ):
         self.root = root
+        self.name = name or type(root).__name__  # what the report's notes call the model
         self.settings = settings
         self.clock = StepClock()
         self.size: tuple[int, int] | None = None
@@ -652,6 +657,7 @@ class Patch:
             unfit=len(f.unfit),
             aside=tuple((layer, reason, len(blocks)) for (layer, reason), blocks in f.aside.items()),
             cache=None if self.cache is None else self.cache.report(),
+            model=self.name,
         )
 
     def reset_report(self) -> None:
@@ -705,14 +711,15 @@ def get_patch(model: Any) -> Patch | None:
 def apply_settings(model: Any, settings: ToMeSettings, leader: StepCache | None = None) -> Patch:
     """Patch the UNet :func:`find_unet` resolves with validated settings, replacing (never stacking on) a
     patch already there. A model without transformer blocks gets a patch that merges nothing and says so
-    (:meth:`Patch.report`); ``TypeError`` (nothing patched) when there is no module at all. ``leader``: for a
-    ControlNet model that runs inside the UNet's call, the UNet's step cache, whose cached calls then shorten the
-    control model's forward (:class:`~tome_core.cache.ControlFollower`)."""
+    (:meth:`Patch.report`, whose notes name the class of ``model``: Forge's engine ``Flux``); ``TypeError`` (nothing
+    patched) when there is no module at all. ``leader``: for a ControlNet model that runs inside the UNet's call, the
+    UNet's step cache, whose cached calls then shorten the control model's forward
+    (:class:`~tome_core.cache.ControlFollower`)."""
     root = find_unet(model)
     if root is None:
         raise TypeError(f"ToMe: no UNet module in {type(model).__name__}")
     remove_patch(root)
-    patch = Patch(root, settings, leader)
+    patch = Patch(root, settings, leader, type(model).__name__)
     root.__dict__[_ATTR] = patch
     return patch
 

@@ -38,8 +38,12 @@ class Call:
 
     @property
     def last(self) -> bool:
-        """Whether this is the pass's last step (known only when the step count is reported)."""
-        return self.steps is not None and self.step >= self.steps - 1
+        """Whether this is the pass's last step (known only when the step count is reported): read from the reported
+        progress, not from ``step``, which counts from the patch's first call (a patch applied mid-pass at the
+        refiner's switch) and only the steps that called the UNet (another cache may skip some)."""
+        if self.steps is None or self.progress is None:
+            return False
+        return round(self.progress * self.steps) >= self.steps - 1
 
 
 def _first_timestep(timesteps: Any) -> torch.Tensor | float | None:

@@ -428,12 +428,14 @@ def _tome_functions(x: torch.Tensor, ratio: float, original_shape):
 class TomePatcher:
     """``backend/misc/tomesd.py:147-162``: q-only merging through an attn1 patch on a clone."""
 
+    functions = staticmethod(_tome_functions)  # ``get_functions`` (a Forge variant may read options there)
+
     def __init__(self) -> None:
         self.u = None
 
     def patch(self, model: UnetPatcher, ratio: float) -> UnetPatcher:
         def tomesd_m(q, k, v, extra_options):
-            m, self.u = _tome_functions(q, ratio, extra_options["original_shape"])
+            m, self.u = self.functions(q, ratio, extra_options["original_shape"])
             return m(q), k, v
 
         def tomesd_u(n, extra_options):

@@ -67,13 +67,15 @@ def start_forge(
     grid: str | None = "forge",
     controlnet: bool = True,
     builtins: bool = False,
+    processing=forge_processing,
 ):
     """Full start-up: load the scripts in Forge's order, load the first checkpoint, before_ui, build both tabs.
 
     ``grid`` is "forge" (root ``scripts/xyz_grid.py``), "classic" (Forge Classic's ``extensions-builtin/xyz``)
-    or None; ``builtins`` loads the doubles of :data:`BUILTINS` too (in the order of Forge's listing)."""
+    or None; ``builtins`` loads the doubles of :data:`BUILTINS` too (in the order of Forge's listing);
+    ``processing``: the host's ``modules.processing`` (a Forge variant's: ``neo_double.processing``)."""
     reset_forge()
-    _use_processing(forge_processing)
+    _use_processing(processing)
     if grid == "forge":
         webui.register_xyz_grid()
     builtin = ([CONTROLNET_DIR] if controlnet else []) + ([CLASSIC_XYZ_DIR] if grid == "classic" else [])
@@ -99,7 +101,7 @@ def make_img2img(runner=None, script_args=None, **kwargs):
     runner = runner or scripts.scripts_img2img
     defaults = {"prompt": "a cat", "steps": 3, "width": 64, "height": 64, "seed": 1, "sampler_name": "Euler"}
     defaults.update(do_not_save_samples=True, do_not_save_grid=True, **kwargs)
-    p = forge_processing.StableDiffusionProcessingImg2Img(**defaults)
+    p = modules.processing.StableDiffusionProcessingImg2Img(**defaults)  # the host's (Forge's or a variant's)
     p.scripts = runner
     p.script_args = script_args if script_args is not None else default_script_args(runner)
     return p

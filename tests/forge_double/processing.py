@@ -62,6 +62,9 @@ def process_images(p) -> Processed:
 class ForgeSampling:
     """What every Forge processing class does around a sampling pass."""
 
+    create_sampler = staticmethod(sd_samplers.create_sampler)  # Forge's (a Forge variant may have its own)
+    apply_token_merging = staticmethod(sd_models.apply_token_merging)  # the built-in token merging, likewise
+
     def parse_extra_network_prompts(self) -> None:
         sd_models.forge_model_reload()
         self.sd_model.forge_objects = self.sd_model.forge_objects_original.shallow_copy()
@@ -70,7 +73,7 @@ class ForgeSampling:
 
     def reset_forge_objects_and_merge(self, for_hr: bool = False) -> None:
         self.sd_model.forge_objects = self.sd_model.forge_objects_after_applying_lora.shallow_copy()
-        sd_models.apply_token_merging(self.sd_model, self.get_token_merging_ratio(for_hr=for_hr))
+        self.apply_token_merging(self.sd_model, self.get_token_merging_ratio(for_hr=for_hr))
 
 
 @dataclass(repr=False)
@@ -78,7 +81,7 @@ class StableDiffusionProcessingTxt2Img(ForgeSampling, webui.StableDiffusionProce
     hr_cfg: float = 1.0
 
     def sample(self, conditioning, unconditional_conditioning, seeds, subseeds, subseed_strength, prompts):
-        self.sampler = sd_samplers.create_sampler(self.sampler_name, self.sd_model)
+        self.sampler = self.create_sampler(self.sampler_name, self.sd_model)
         x = self.rng.next()
         self.reset_forge_objects_and_merge()
         if self.scripts is not None:
@@ -93,11 +96,21 @@ class StableDiffusionProcessingTxt2Img(ForgeSampling, webui.StableDiffusionProce
             return samples
         return self.sample_hr_pass(samples, None, seeds, subseeds, subseed_strength, prompts)
 
+    def prepare_hr_pass(self, samples, noise) -> None:
+        """Forge's order (l.1509-1526): ``before_hr`` and ``process_before_every_sampling`` on the first pass's
+        ``forge_objects``, then the reset, the hires token merging and ``process_before_every_sampling`` again."""
+        if self.scripts is not None:
+            self.scripts.before_hr(self)
+            self.scripts.process_before_every_sampling(p=self, x=samples, noise=noise, c=self.hr_c, uc=self.hr_uc)
+        self.reset_forge_objects_and_merge(for_hr=True)
+        if self.scripts is not None:
+            self.scripts.process_before_every_sampling(self, x=samples, noise=noise, c=self.hr_c, uc=self.hr_uc)
+
     def sample_hr_pass(self, samples, decoded_samples, seeds, subseeds, subseed_strength, prompts):
         if shared.state.interrupted:
             return samples
         self.is_hr_pass = True
-        self.sampler = sd_samplers.create_sampler(self.hr_sampler_name or self.sampler_name, self.sd_model)
+        self.sampler = self.create_sampler(self.hr_sampler_name or self.sampler_name, self.sd_model)
         samples = torch.nn.functional.interpolate(
             samples,
             size=(self.hr_upscale_to_y // opt_f, self.hr_upscale_to_x // opt_f),
@@ -111,12 +124,7 @@ class StableDiffusionProcessingTxt2Img(ForgeSampling, webui.StableDiffusionProce
         )
         noise = self.rng.next()
         self.calculate_hr_conds()
-        if self.scripts is not None:
-            self.scripts.before_hr(self)
-            self.scripts.process_before_every_sampling(p=self, x=samples, noise=noise, c=self.hr_c, uc=self.hr_uc)
-        self.reset_forge_objects_and_merge(for_hr=True)
-        if self.scripts is not None:
-            self.scripts.process_before_every_sampling(self, x=samples, noise=noise, c=self.hr_c, uc=self.hr_uc)
+        self.prepare_hr_pass(samples, noise)
         samples = self.sample_hr_latents(samples, noise, image_conditioning)
         self.sampler = None
         decoded_samples = decode_latent_batch(self.sd_model, samples, check_for_nans=True)
@@ -128,7 +136,7 @@ class StableDiffusionProcessingTxt2Img(ForgeSampling, webui.StableDiffusionProce
 class StableDiffusionProcessingImg2Img(ForgeSampling, webui.StableDiffusionProcessingImg2Img):
     def init(self, all_prompts, all_seeds, all_subseeds):
         super().init(all_prompts, all_seeds, all_subseeds)
-        self.sampler = sd_samplers.create_sampler(self.sampler_name, self.sd_model)
+        self.sampler = self.create_sampler(self.sampler_name, self.sd_model)
 
     def sample(self, conditioning, unconditional_conditioning, seeds, subseeds, subseed_strength, prompts):
         x = self.rng.next()

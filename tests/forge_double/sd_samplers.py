@@ -56,6 +56,13 @@ def apply_refiner(cfg_denoiser, x: torch.Tensor) -> bool:
         return False
     p.extra_generation_params["Refiner"] = info.short_title
     p.extra_generation_params["Refiner switch at"] = p.refiner_switch_at
+    switch_model(cfg_denoiser, x, info)
+    return True
+
+
+def switch_model(cfg_denoiser, x: torch.Tensor, info) -> None:
+    """The model switch of ``apply_refiner``: the old UNet cleaned up, the refiner loaded, the conds redone."""
+    p = cfg_denoiser.p
     backend.sampling_cleanup(forge_models.model_data.get_sd_model().forge_objects.unet)
     first_pass = forge_models.model_data.forge_loading_parameters["checkpoint_info"]
     forge_models.select_checkpoint(info.name)
@@ -66,7 +73,6 @@ def apply_refiner(cfg_denoiser, x: torch.Tensor) -> bool:
     p.setup_conds()
     cfg_denoiser.update_inner_model()
     backend.sampling_prepare(forge_models.model_data.get_sd_model().forge_objects.unet, x=x)
-    return True
 
 
 class CFGDenoiser(webui_cfg.CFGDenoiser):
@@ -80,10 +86,13 @@ class CFGDenoiser(webui_cfg.CFGDenoiser):
             self.model_wrap.inner_model = shared.sd_model
         return self.model_wrap
 
+    def apply_refiner(self, x, sigma) -> bool:
+        return apply_refiner(self, x)
+
     def forward(self, x, sigma, uncond, cond, cond_scale, s_min_uncond, image_cond):
         if state.interrupted or state.skipped:
             raise sd_samplers_common.InterruptedException
-        if apply_refiner(self, x):
+        if self.apply_refiner(x, sigma):
             cond = self.sampler.sampler_extra_args["cond"]
             uncond = self.sampler.sampler_extra_args["uncond"]
         params = CFGDenoiserParams(x, image_cond, sigma, state.sampling_step, state.sampling_steps, cond, uncond, self)
@@ -103,9 +112,11 @@ class CFGDenoiser(webui_cfg.CFGDenoiser):
 
 
 class KDiffusionSampler(webui_samplers.EulerSamplerDouble):
+    denoiser = CFGDenoiser
+
     def __init__(self, name: str, sd_model) -> None:
         sd_samplers_common.Sampler.__init__(self, name)
-        self.model_wrap_cfg = CFGDenoiser(self)
+        self.model_wrap_cfg = self.denoiser(self)
         self.model_wrap = self.model_wrap_cfg.inner_model
 
     def sample(self, p, x, conditioning, unconditional_conditioning, steps=None, image_conditioning=None):
@@ -139,9 +150,9 @@ class KDiffusionSampler(webui_samplers.EulerSamplerDouble):
         return samples
 
 
-def create_sampler(name: str, model) -> KDiffusionSampler:
+def create_sampler(name: str, model, sampler_class: type[KDiffusionSampler] = KDiffusionSampler) -> KDiffusionSampler:
     name = name or samplers_names[0]
-    sampler = KDiffusionSampler(name, model)
+    sampler = sampler_class(name, model)
     options = {"second_order": True} if name == "Heun" else {}
-    sampler.config = sd_samplers_common.SamplerData(name, KDiffusionSampler, [], options)
+    sampler.config = sd_samplers_common.SamplerData(name, sampler_class, [], options)
     return sampler

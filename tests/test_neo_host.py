@@ -1,0 +1,131 @@
+"""The extension (scripts/tome.py) in the Forge Neo double, where Neo differs from Forge (``tests/neo_double/README.md``):
+its hires pass, its built-in token merging and options, its model families without the ldm/sgm UNet and its refiner
+(by sigma, or the refiner's weights loaded in place). Its built-in step caches: ``test_neighbours_neo.py``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from forge_double import sd_models as forge_models
+from forge_double.backend import EpsPredictor
+from forge_double.sd_samplers import ForgeScheduleLinker
+from generation import identical, pixels, tome_script
+from modules import errors, shared
+from neo_double import backend, sd_models
+from neo_generation import C, F, generate, tome_args, unet_of
+from test_cache_hosts import cached_schedule, untouched
+
+from tome_core import extension as ext
+
+
+def test_sd15_merges_and_the_next_generation_without_tome_is_the_plain_one(start_neo, neo_builders):
+    unet = unet_of(neo_builders["sd15"])
+    txt, _ = start_neo()
+    plain, (plain_spy,) = generate(txt, None, [unet], width=64, height=64)
+    res, (spy,) = generate(txt, tome_args(txt, ratio=0.5), [unet], width=64, height=64)
+    assert spy.calls and all(s is not None and s.ratio == 0.5 for s in spy.calls)
+    assert not any(torch.equal(a, b) for a, b in zip(spy.outputs, plain_spy.outputs))
+    assert "ToMe: True" in res.infotexts[0] and ext.ERROR_KEY not in res.js() and ext.NOTE_KEY not in res.js()
+    assert untouched(unet)
+    off, (off_spy,) = generate(txt, None, [unet], width=64, height=64)
+    assert identical(off_spy.outputs, plain_spy.outputs) and identical(pixels(off), pixels(plain))
+
+
+def test_the_hires_pass_neo_prepares_once_gets_the_hires_ratio_and_cache_interval(start_neo, neo_builders):
+    unet = unet_of(neo_builders["sd15"])
+    txt, _ = start_neo()
+    tome = tome_script(txt)
+    hook_calls = []
+    original = tome.process_before_every_sampling
+
+    def counting(p, *args, **kwargs):
+        hook_calls.append(p.is_hr_pass)
+        return original(p, *args, **kwargs)
+
+    tome.process_before_every_sampling = counting
+    args = tome_args(txt, ratio=0.3, hires_ratio=0.6, cache=True, cache_interval=2, hires_cache_interval=3)
+    res, (spy,) = generate(txt, args, [unet], enable_hr=True, hr_scale=2.0, hr_upscaler="Latent", steps=4)
+    assert hook_calls == [False, True]  # Neo prepares the hires pass once (Forge: twice)
+    sizes = [int(o.shape[-1]) for o in spy.outputs]
+    assert [s.ratio for s in spy.calls] == [0.3] * 4 + [0.6] * 4 and sizes == [8] * 4 + [16] * 4
+    assert spy.cached == cached_schedule(4, 2) + cached_schedule(4, 3)
+    assert "ToMe hires ratio: 0.6" in res.infotexts[0] and ext.ERROR_KEY not in res.js()
+    assert untouched(unet)
+
+
+@pytest.mark.parametrize("img2img", [False, True], ids=["txt2img", "img2img"])
+def test_neos_builtin_token_merging_and_its_options_are_taken_over_and_left_as_they_are(
+    start_neo, neo_builders, img2img
+):
+    from PIL import Image
+
+    unet = unet_of(neo_builders["sd15"])
+    txt, img = start_neo()
+    runner = img if img2img else txt
+    kind = {"img2img": True, "init_images": [Image.new("RGB", (64, 64), (120, 80, 40))]} if img2img else {}
+    settings = {"token_merging_stride": 1, "token_merging_downsample": 2, "token_merging_no_rand": True}
+    settings.update({"token_merging_ratio_img2img": 0.4} if img2img else {"token_merging_ratio": 0.4})
+    for key, value in settings.items():
+        setattr(shared.opts, key, value)
+    _, (builtin_spy,) = generate(runner, None, [unet], **kind)  # ToMe off: Neo's built-in with its options
+    assert backend.TomePatcher.calls and set(backend.TomePatcher.calls) == {(0.4, 1, 2, True)}
+    assert all("attn1_patch" in patches for patches in builtin_spy.patches)
+    backend.TomePatcher.calls.clear()
+    sd_models.apply_token_merging_calls.clear()
+    res, (spy,) = generate(runner, tome_args(runner), [unet], **kind)
+    assert spy.calls and all(s is not None for s in spy.calls) and not backend.TomePatcher.calls
+    assert all("attn1_patch" not in patches for patches in spy.patches)
+    assert set(sd_models.apply_token_merging_calls) == {0.0}
+    assert f"{ext.BUILTIN_KEY}: 0.4" in res.infotexts[0] and "Token merging ratio" not in res.infotexts[0]
+    assert all(getattr(shared.opts, key) == value for key, value in settings.items())
+    _, (again_spy,) = generate(runner, None, [unet], **kind)  # ToMe off again: the built-in as before
+    assert backend.TomePatcher.calls and identical(again_spy.outputs, builtin_spy.outputs)
+
+
+@pytest.mark.parametrize("family", list(backend.FAMILIES))
+def test_a_model_family_without_the_unet_runs_unmerged_with_notes_and_sd15_merges_after(
+    start_neo, neo_builders, family
+):
+    model, sd15 = unet_of(neo_builders[family]), unet_of(neo_builders["sd15"])
+    txt, _ = start_neo(checkpoint=family)
+    plain, (plain_spy,) = generate(txt, None, [model], steps=2)
+    res, (spy,) = generate(txt, tome_args(txt, ratio=0.5, cache=True), [model], steps=2)
+    notes = res.js()
+    assert f"nothing merged ({family} has no UNet transformer blocks)" in res.infotexts[0]
+    assert "step cache off: this model has no UNet input/middle/output blocks" in notes
+    assert ext.ERROR_KEY not in notes and not errors.reported  # no error, no traceback
+    assert identical(spy.outputs, plain_spy.outputs) and identical(pixels(res), pixels(plain))
+    assert untouched(model)
+    forge_models.select_checkpoint("sd15")  # the next generation on SD1.5 is merged again
+    merged, (sd_spy,) = generate(txt, tome_args(txt, ratio=0.5), [sd15], steps=2)
+    assert sd_spy.calls and all(s is not None and s.ratio == 0.5 for s in sd_spy.calls)
+    assert ext.NOTE_KEY not in merged.js() and untouched(sd15)
+
+
+def _switch_sigma(steps: int, at_step: int) -> float:
+    """A "Switch at (in sigmas)" value that Neo's refiner meets first at step ``at_step`` of an Euler run."""
+    return float(ForgeScheduleLinker(EpsPredictor()).get_sigmas(steps)[at_step])
+
+
+@pytest.mark.parametrize("fast_sd", [False, True], ids=["new-engine", "state-dict-in-place"])
+@pytest.mark.parametrize(
+    "at,cached",
+    [(2, [F, C, F, C, C, F]), (3, [F, C, C, F, C, F])],  # a fresh cache from the switch; the pass's last step full
+    ids=["switch-at-step-2", "switch-at-step-3"],
+)
+def test_the_refiner_by_sigma_starts_a_fresh_cache_also_when_its_weights_load_into_the_same_unet(
+    start_neo, neo_builders, fast_sd, at, cached
+):
+    first, refiner = unet_of(neo_builders["sd15"]), unet_of(neo_builders["refiner"])
+    weights = {k: v.clone() for k, v in first.state_dict().items()}
+    txt, _ = start_neo()
+    shared.opts.refiner_fast_sd = fast_sd
+    args = tome_args(txt, ratio=0.4, cache=True, cache_interval=3)
+    switch = {"refiner_checkpoint": "refiner", "refiner_switch_at": _switch_sigma(6, at)}
+    res, (first_spy, refiner_spy) = generate(txt, args, [first, refiner], steps=6, **switch)
+    assert (first_spy.cached if fast_sd else first_spy.cached + refiner_spy.cached) == cached
+    assert len(first_spy.calls) == (6 if fast_sd else at) and len(refiner_spy.calls) == (0 if fast_sd else 6 - at)
+    assert all(s is not None and s.ratio == 0.4 for s in first_spy.calls + refiner_spy.calls)
+    assert "Refiner: refiner" in res.infotexts[0] and ext.ERROR_KEY not in res.js()
+    assert untouched(first) and untouched(refiner)
+    assert all(torch.equal(v, first.state_dict()[k]) for k, v in weights.items())  # Neo put the weights back
