@@ -53,7 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--render", action="store_true", help="re-render the section from the saved runs")
     parser.add_argument("--resume", action="store_true", help="keep the modes an interrupted run saved")
     parser.add_argument(
-        "--scale", type=int, help="only the cases at this multiple of the trained side, saved as a run of their own"
+        "--scale",
+        type=int,
+        help="only the cases at this multiple of the trained side, saved as a run of their own (1: the trained side, saved as the layout's run)",
     )
     args = parser.parse_args(argv)
     command = "python -m benchmarks.fidelity"
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     layouts = tuple(args.layout or A.ARCHITECTURES)
     write = not args.no_write and not args.quick
     for layout in layouts:
-        name = f"fidelity-{layout}" + (f"-x{args.scale}" if args.scale else "")
+        name = f"fidelity-{layout}" + (f"-x{args.scale}" if args.scale and args.scale != 1 else "")
         previous, earlier_grids, start = None, None, time.perf_counter()
         if args.resume:
             with contextlib.suppress(FileNotFoundError):  # nothing saved yet: a fresh run

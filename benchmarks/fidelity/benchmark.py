@@ -307,7 +307,18 @@ FULL = Plan(
         }
     },
 )
-QUICK_MODES = ("plain", "tomesd", "exact-0.5", "todo-2", "cache-3", "cache-3+exact-0.5")
+QUICK_MODES = (
+    "plain",
+    "tomesd",
+    "exact-0.5",
+    "todo-2",
+    "cache-3",
+    "cache-3+exact-0.5",
+    "cache-3-linear",
+    "cache-adaptive-0.08-10-linear",
+    "fbcache-0.05",
+    "spectrum",
+)
 QUICK = Plan(4, 2, 3, {"euler": (QUICK_MODES, (1, 2)), "dpmpp_2m": (("plain", "cache-3"), (1,))}, data_features=64)
 
 

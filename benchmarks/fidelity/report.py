@@ -10,6 +10,7 @@ from benchmarks import modes as modes_
 from benchmarks import sampler as S
 
 from . import architectures as A
+from . import frontier as F
 from .benchmark import BEGIN, CFG, END, LAYOUT_NAMES, Case, ModeResult
 from .data import to_uint8
 from .metrics import IDENTICAL_PSNR, Estimate
@@ -24,7 +25,7 @@ def load(data: dict) -> list[tuple[Case, dict[str, ModeResult]]]:
 
 
 def case_table(case: Case, results: dict[str, ModeResult]) -> str:
-    speed = speedups(case.layout)
+    fixed = speedups(case.layout)
     lines = [
         f"#### {case.name}",
         "",
@@ -33,11 +34,12 @@ def case_table(case: Case, results: dict[str, ModeResult]) -> str:
     ]
     for name, r in results.items():
         mode = modes_.MODES[name]
-        s = speed.get(name)
+        s = (1.0, 1.0, 1.0) if name == "plain" else F.speed_of(case, name, r, fixed)
+        speed = "—" if s is None else f"{s[0]:.2f}×" + (f" [{s[1]:.2f}, {s[2]:.2f}]" if s[1] != s[2] else "")
         lines.append(
             f"| {mode.label} | {'—' if r.psnr is None else _psnr(r.psnr, r.psnr.cell())} | {'—' if r.ssim is None else r.ssim.cell('.3f')} | "
             f"{np.mean(r.eps_error):.3f} | {_pct(r.accuracy)} | "
-            f"{r.kid.cell('.1f', 1e3)} | {'—' if s is None else f'{s:.2f}×'} |"
+            f"{r.kid.cell('.1f', 1e3)} | {speed} |"
         )
     return "\n".join(lines)
 
@@ -54,7 +56,7 @@ def summary_table(runs: list[tuple[Case, dict[str, ModeResult]]], sampler: str =
     header = [title, *(f"{short[c.layout]} {c.side} px: PSNR dB, accuracy" for c, _ in cases)]
     header += [f"{short[layout]} speed-up (1024 px, real width)" for layout in layouts]
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
-    speed = {layout: speedups(layout) for layout in layouts}
+    speed = {layout: layout_speeds(runs, layout) for layout in layouts}
     for name in dict.fromkeys(n for _, r in cases for n in r):
         cells = [modes_.MODES[name].label]
         for _, results in cases:
@@ -64,6 +66,17 @@ def summary_table(runs: list[tuple[Case, dict[str, ModeResult]]], sampler: str =
         cells += ["—" if speed[layout].get(name) is None else f"{speed[layout][name]:.2f}×" for layout in layouts]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def layout_speeds(runs: list[tuple[Case, dict[str, ModeResult]]], layout: str) -> dict[str, float]:
+    """Mode → speed-up on ``layout``: the real-width runs' figure, or what its steps cost in the layout's first case
+    that ran it (the trained side, Euler: a data-dependent schedule's speed there)."""
+    out = dict(speedups(layout))
+    for case, results in runs:
+        if case.layout == layout:
+            for p in F.points(case, results):
+                out.setdefault(p.name, p.speed)
+    return out
 
 
 def _identical(e: Estimate) -> bool:
@@ -127,6 +140,26 @@ def section(data: dict, meta: dict, command: str) -> str:
         "",
         summary_table(runs, "dpmpp_2m"),
         "",
+        "### The step caches at matched speeds",
+        "",
+        "Per case and target speed (of a 20-step run at 1024 px, real width; ±5 %): our most faithful mode there, "
+        "and every other family's PSNR at that speed: its best mode within ±5 %, or the value of its frontier (the "
+        "line between its two modes around the target) where that is higher; — where the family has no mode that "
+        "fast. Margin: ours minus the best other. Speeds of data-dependent modes are means over seeds (their spread "
+        "below).",
+        "",
+        F.matched_table(runs),
+        "",
+        "At DeepCache N=3's fidelity: each family's fastest mode at least as faithful as DeepCache N=3 (the cache "
+        "alone, uniform) in that case, and how much faster than N=3 it is.",
+        "",
+        F.at_fidelity_table(runs),
+        "",
+        "The data-dependent modes, seed by seed: their steps by kind (mean [min, max] over the seeds) and the spread "
+        "of their speed (each seed's steps priced at real width: `benchmarks.cache` and `benchmarks.cache_costs`).",
+        "",
+        F.per_seed_table(runs),
+        "",
         "### Every case",
         "",
         *[case_table(c, r) + "\n" for c, r in runs],
@@ -166,30 +199,37 @@ def sample_grid(grids: dict[str, torch.Tensor], path=SAMPLES_PNG, per_class: int
 
 
 def frontier_plot(data: dict, path=FRONTIER_PNG) -> None:
-    """Speed-up (real width, 1024 px) against PSNR vs plain, Euler, one panel per layout and side."""
+    """Speed-up (real width, 1024 px) against PSNR vs plain, one panel per case, every family of modes in its own colour
+    (token merging alone, DeepCache, ours, each other UI's cache); ours labelled."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = [(c, r) for c, r in load(data) if c.sampler == "euler"]
-    fig, axes = plt.subplots(2, 2, figsize=(12, 9), squeeze=False)
+    runs = load(data)
+    cols = 3
+    fig, axes = plt.subplots(
+        (len(runs) + cols - 1) // cols, cols, figsize=(18, 5.5 * ((len(runs) + cols - 1) // cols)), squeeze=False
+    )
+    names = {"": "token merging alone", **F.FAMILIES}
     for ax, (case, results) in zip(axes.flat, runs):
-        speed = speedups(case.layout)
-        points = sorted(
-            (speed[name], r.psnr.mean, name)
-            for name, r in results.items()
-            if r.psnr is not None and not _identical(r.psnr) and name in speed  # identical to plain: no point to draw
+        pts = [p for p in F.points(case, results) if p.psnr is not None and p.psnr < IDENTICAL_PSNR]
+        for family, colour in F.COLOURS.items():
+            mine = [p for p in pts if p.family == family]
+            if mine:
+                ax.scatter([p.speed for p in mine], [p.psnr for p in mine], color=colour, s=18, label=names[family])
+        for p in pts:
+            if p.family == "ours":
+                ax.annotate(modes_.MODES[p.name].label.removeprefix("ours: "), (p.speed, p.psnr), fontsize=6)
+        frontier = sorted(
+            (p for p in pts if not any(o.speed >= p.speed and o.psnr > p.psnr for o in pts)), key=lambda p: p.speed
         )
-        for x, y, name in points:
-            ax.scatter(x, y, color="tab:orange" if (modes_.MODES[name].settings or {}).get("cache") else "tab:blue")
-            ax.annotate(modes_.MODES[name].label.removeprefix("ours: "), (x, y), fontsize=7)
-        frontier = [pt for pt in points if not any(o[0] >= pt[0] and o[1] > pt[1] for o in points)]
-        ax.plot([x for x, *_ in frontier], [y for _, y, _ in frontier], color="gray", lw=0.8, ls="--")
+        ax.plot([p.speed for p in frontier], [p.psnr for p in frontier], color="gray", lw=0.8, ls="--")
         ax.set_title(f"{case.name}; speed at 1024 px real width", fontsize=9)
-        ax.set_xlabel("speed-up over plain (real width, CPU; orange: step cache)")
+        ax.set_xlabel("speed-up over plain (real width, CPU)")
         ax.set_ylabel("PSNR vs plain (dB)")
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="lower left")
     for ax in axes.flat[len(runs) :]:
         ax.axis("off")
     fig.tight_layout()
