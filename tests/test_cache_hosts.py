@@ -100,9 +100,41 @@ def test_cond_and_uncond_called_separately_each_keep_their_cache(webui, sd_model
 def test_the_hires_pass_starts_a_fresh_cache_with_its_own_interval(webui, sd_model):
     txt, _ = webui
     args = tome_args(txt, cache=True, cache_interval=2, hires_cache_interval=3)
-    _, spy = generate(txt, args, sd_model, steps=4, enable_hr=True, hr_scale=1.5, hr_second_pass_steps=4)
+    res, spy = generate(txt, args, sd_model, steps=4, enable_hr=True, hr_scale=1.5, hr_second_pass_steps=4)
     assert spy.cached == [*cached_schedule(4, 2), *cached_schedule(4, 3)] == [F, C, F, F, F, C, C, F]
     assert [s.cache_interval for s in spy.calls] == [2] * 4 + [3] * 4
+    assert 'ToMe cache steps: "3 full, 1 cached; hires 2 full, 2 cached"' in res.infotexts[0]
+
+
+@pytest.mark.parametrize("forecast", ["off", "linear"])
+def test_cached_steps_take_the_forecast_the_setting_names(webui, sd_model, forecast):
+    txt, _ = webui
+    unet = sd_model.model.diffusion_model
+    entry, seen = unet.output_blocks[-1], []  # branch 0: the block the deep features enter
+    handle = entry.register_forward_hook(lambda m, args, out: seen.append(args[0].clone()))  # its input as it ran
+    try:
+        args = tome_args(txt, ratio=0.0, cache=True, cache_interval=2, cache_forecast=forecast)
+        res, spy = generate(txt, args, sd_model, steps=6)
+    finally:
+        handle.remove()
+    assert spy.cached == cached_schedule(6, 2) == [F, C, F, C, F, F]
+    deep = [x[:, : x.shape[1] // 2] for x in seen]  # what enters from below, beside the skip connection
+    assert torch.equal(deep[1], deep[0])  # one full step known: the last one's features either way
+    assert torch.equal(deep[3], deep[2]) == (forecast == "off")  # two known: linear extrapolates from them
+    assert 'ToMe cache steps: "4 full, 2 cached"' in res.infotexts[0]
+    assert ("ToMe cache forecast: off" in res.infotexts[0]) == (forecast == "off")  # linear is the default
+    assert untouched(sd_model)
+
+
+def test_the_adaptive_schedule_at_threshold_0_is_plain_and_says_every_step_was_full(webui, sd_model):
+    txt, _ = webui
+    _, base = generate(txt, tome_args(txt, ratio=0.0), sd_model, steps=5)
+    args = tome_args(txt, ratio=0.0, cache=True, cache_schedule="adaptive", cache_threshold=0.0)
+    res, spy = generate(txt, args, sd_model, steps=5)
+    assert spy.cached == [F] * 5 and identical(spy.outputs, base.outputs)
+    text = res.infotexts[0]
+    assert "ToMe cache schedule: adaptive" in text and "ToMe cache threshold: 0.0" in text
+    assert 'ToMe cache steps: "5 full, 0 cached"' in text
 
 
 def test_img2img_starts_a_fresh_cache(webui, sd_model):
@@ -160,6 +192,9 @@ def test_infotext_round_trip_restores_the_cache_settings(webui, sd_model):
         cache_start=0.1,
         cache_end=0.9,
         hires_cache_interval=2,
+        cache_forecast="off",
+        cache_schedule="adaptive",
+        cache_threshold=0.12,
     )
     res, _ = generate(txt, tome_args(txt, **chosen), sd_model, seed=77)
     text = res.infotexts[0]
@@ -168,6 +203,23 @@ def test_infotext_round_trip_restores_the_cache_settings(webui, sd_model):
     pasted = infotext_utils.apply_paste_fields(script.infotext_fields, text)
     restored = S.from_args([pasted[c] for c, _ in script.infotext_fields])
     assert restored == S.from_dict({**chosen, "seed": 77})
+
+
+def test_xyz_cells_take_their_own_forecast_and_schedule(webui, sd_model):
+    txt, _ = webui
+    xyz = next(d.module for d in scripts.scripts_data if d.script_class.__module__ == "xyz_grid.py")
+    options = {o.label: o for o in xyz.axis_options}
+    p = harness.make_txt2img(txt, script_args=tome_args(txt, ratio=0.0, cache=True), width=64, height=64, steps=4)
+    spy = Spy(sd_model.model.diffusion_model)
+    try:
+        cells = [xyz.run_cell(p, options["[ToMe] Cache forecast"], v) for v in ("off", "linear")]
+        cells += [xyz.run_cell(p, options["[ToMe] Cache threshold"], "0")]
+    finally:
+        spy.close()
+    assert [s.cache_forecast for s in spy.calls] == ["off"] * 4 + ["linear"] * 4 + ["linear"] * 4
+    assert [c.infotexts[0].count("ToMe cache forecast: off") for c in cells] == [1, 0, 0]
+    assert all('ToMe cache steps: "2 full, 2 cached"' in c.infotexts[0] for c in cells)  # threshold: uniform ignores it
+    assert not hasattr(p, ext.OVERRIDES_ATTR)
 
 
 def test_xyz_cells_turn_the_cache_on_and_off_for_themselves(webui, sd_model):
@@ -192,6 +244,8 @@ def test_xyz_cells_turn_the_cache_on_and_off_for_themselves(webui, sd_model):
         ({"cache": "on"}, "cache", "true or false"),
         ({"cache_start": 0.6, "cache_end": 0.4}, "cache_end", "greater than cache_start"),
         ({"cache": True, "cache_branch": 12}, "cache_branch", "from 0 to 11"),
+        ({"cache": True, "cache_forecast": "cubic"}, "cache_forecast", "one of 'off', 'linear'"),
+        ({"cache": True, "cache_schedule": "adaptive", "cache_threshold": 2}, "cache_threshold", "from 0 to 1"),
     ],
 )
 def test_bad_cache_settings_patch_nothing_and_say_why(webui, sd_model, values, field, fragment):
@@ -422,6 +476,16 @@ def test_forge_caches_its_chunks_and_is_bit_identical_after(start_forge, forge_b
     assert "ToMe cache: True" in res.infotexts[0] and untouched(unet)
     _, (after,) = generation.generate(forge.make_txt2img, txt, None, [unet], steps=5)
     assert identical(after.outputs, base.outputs)
+
+
+def test_forge_chunks_each_decide_on_the_adaptive_schedule_and_the_infotext_counts_the_steps(start_forge, forge_build):
+    txt, _ = start_forge
+    unet = forge_build().forge_objects.unet.model.diffusion_model
+    args = tome_args(txt, ratio=0.0, cache=True, cache_interval=4, cache_schedule="adaptive", cache_threshold=1.0)
+    res, (spy,) = generation.generate(forge.make_txt2img, txt, args, [unet], steps=6)
+    # a threshold of 1 never refreshes early: the guard rails alone (the interval caps a run of cached steps at 3)
+    assert spy.cached == [F, C, C, C, F, F]
+    assert 'ToMe cache steps: "3 full, 3 cached"' in res.infotexts[0] and untouched(unet)
 
 
 def test_forge_builtin_controlnet_generation_caches_its_steps_and_leaves_nothing(start_forge, forge_build):
