@@ -2,9 +2,10 @@
 cache on, against one that runs plain full steps (``python -m benchmarks.cache_memory``).
 
 Each variant runs in a fresh process (peak RSS only grows), builds the same real-width UNet, warms it up with one
-plain forward and then runs two forwards: plain, two unpatched steps; cache, the cache's first (full) step, which
-stores the deep features, and the cached step after it. The difference of the two peaks is what the cache adds per
-cond/uncond chunk, next to the exact bytes of the features it holds. On CUDA, ``benchmarks.cache`` reports the peak
+plain forward and then runs: plain, two unpatched steps; cache (DeepCache), the cache's first (full) step, which
+stores the deep features, and the cached step after it; linear (the default forecast), five steps, the last cached one
+forecast from the two full ones. The difference of the peaks is what the cache adds per cond/uncond chunk, next to
+the exact bytes of what it holds. On CUDA, ``benchmarks.cache`` reports the peak
 allocated memory per variant instead.
 """
 
@@ -29,8 +30,13 @@ CONFIGS = (Config("sd15", 512, 320, 2, True),)
 """At 512 px a forward costs 15 s of CPU; each variant runs three (the 1024 px variants would take ten minutes)."""
 
 
+VARIANTS = ("plain", "cache", "linear")
+"""plain: three unpatched forwards; cache (DeepCache, ``cache_forecast`` off): its full step and a cached one; linear
+(the default forecast): five steps, full at 0 and 3: the last cached one forecasts from both."""
+
+
 def child(variant: str, config: Config) -> dict:
-    """Run ``variant`` ("plain" or "cache") on ``config`` in this process; its peak RSS and the features held."""
+    """Run ``variant`` (:data:`VARIANTS`) on ``config`` in this process; its peak RSS and the features held."""
     torch.set_num_threads(1)
     unet = config.build().eval()
     x, t, cond = step_inputs(config, torch.device("cpu"), torch.float32)
@@ -41,13 +47,19 @@ def child(variant: str, config: Config) -> dict:
             unet(x, t, **cond)
             unet(x, t, **cond)
         else:
-            settings = tome_core.ToMeSettings(enabled=True, ratio=0.0, cache=True, cache_interval=3)
+            forecast = "off" if variant == "cache" else "linear"
+            settings = tome_core.ToMeSettings(
+                enabled=True, ratio=0.0, cache=True, cache_interval=3, cache_forecast=forecast
+            )
             patch = tome_core.apply_settings(unet, settings)
             try:
-                for step in range(2):  # the full step that fills the cache, then a cached one
+                # the full step that fills the cache and a cached one; linear: full, two cached, full, then a cached
+                # one that forecasts from both full steps
+                steps = 2 if variant == "cache" else 5
+                for step in range(steps):
                     patch.set_progress(step / STEPS, STEPS)
-                    unet(x, t, **cond)
-                assert patch.report().cache.cached == 1
+                    unet(x, t * (1 - step / STEPS), **cond)
+                assert patch.report().cache.cached == steps - 1 - (variant == "linear")
                 held = patch.cache.cached_bytes()
             finally:
                 patch.remove()
@@ -56,7 +68,7 @@ def child(variant: str, config: Config) -> dict:
 
 def measure(config: Config) -> dict:
     out = {}
-    for variant in ("plain", "cache"):
+    for variant in VARIANTS:
         args = [sys.executable, "-m", "benchmarks.cache_memory", "--child", variant, json.dumps(vars(config))]
         out[variant] = json.loads(subprocess.run(args, check=True, capture_output=True, text=True).stdout)
     return out
@@ -69,18 +81,23 @@ def section(rows: list[tuple[Config, dict]], meta: dict) -> str:
         "",
         f"CPU, float32, torch {meta['torch']}; run finished {meta['finished']}. Peak RSS of a fresh process that "
         "builds the real-width UNet, warms it up and runs two plain steps, against one that runs the cache's full "
-        "step and the cached step after it (cache alone, N=3, branch 0). The difference is what the cache adds for "
-        "one cond/uncond chunk; *held* is the exact size of the deep features it keeps between steps.",
+        "step and the cached step after it (cache alone, N=3, branch 0, `cache_forecast` off: DeepCache), and one "
+        "with the linear forecast (the default) that runs two full steps and a cached step forecast from both. The "
+        "difference is what the cache adds for one cond/uncond chunk; *held* is the exact size of what it keeps "
+        "between steps (the deep features; with the linear forecast also their slope).",
         "",
-        "| configuration | peak RSS, plain MiB | peak RSS, cache MiB | difference MiB | features held MiB |",
-        "|---|---:|---:|---:|---:|",
+        "| configuration | peak RSS, plain MiB | DeepCache: peak, difference, held MiB | linear forecast: peak, "
+        "difference, held MiB |",
+        "|---|---:|---:|---:|",
     ]
     for config, r in rows:
-        plain, cache = r["plain"]["peak_rss"], r["cache"]["peak_rss"]
-        lines.append(
-            f"| {config.name}, batch {config.batch} | {mib(plain)} | {mib(cache)} | {mib(cache - plain)} | "
-            f"{mib(r['cache']['held'])} |"
-        )
+        plain = r["plain"]["peak_rss"]
+        cells = [
+            f"{mib(r[v]['peak_rss'])}, {mib(r[v]['peak_rss'] - plain)}, {mib(r[v]['held'])}"
+            for v in VARIANTS[1:]
+            if v in r
+        ]
+        lines.append(f"| {config.name}, batch {config.batch} | {mib(plain)} | " + " | ".join(cells) + " |")
     return "\n".join([*lines, END])
 
 

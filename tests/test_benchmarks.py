@@ -207,13 +207,14 @@ def test_controlnet_benchmark_measures_the_cached_step_with_and_without_shorteni
     assert rows["full step (plain)"] == 1.0 and all(share > 0 for share in rows.values())
 
 
-def test_cache_memory_measures_both_variants_and_the_exact_features_held():
+def test_cache_memory_measures_every_variant_and_the_exact_features_held():
     from benchmarks import cache_memory
     from benchmarks.suite import Config
 
     config = Config("sd15", 128, 32, 1)
-    plain, cache = cache_memory.child("plain", config), cache_memory.child("cache", config)
-    assert plain["held"] == 0 and cache["held"] == 32 * 16 * 16 * 4  # branch 0: model_channels at the latent size
-    assert plain["peak_rss"] > 0 and cache["peak_rss"] > 0
-    text = cache_memory.section([(config, {"plain": plain, "cache": cache})], {"torch": "x", "finished": "now"})
+    r = {v: cache_memory.child(v, config) for v in cache_memory.VARIANTS}
+    chunk = 32 * 16 * 16 * 4  # branch 0: model_channels at the latent size, float32
+    assert r["plain"]["held"] == 0 and r["cache"]["held"] == chunk and r["linear"]["held"] == 2 * chunk  # + slope
+    assert all(v["peak_rss"] > 0 for v in r.values())
+    text = cache_memory.section([(config, r)], {"torch": "x", "finished": "now"})
     assert "| SD1.5 128 px, batch 1 |" in text and text.startswith(cache_memory.BEGIN)
