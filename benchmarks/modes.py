@@ -1,5 +1,6 @@
 """The modes the quality and speed benchmarks compare, by one name each: plain sampling, the WebUI's built-in
-token merging (tomesd 0.1.3 with A1111's settings), and our settings records.
+token merging (tomesd 0.1.3 with A1111's settings), ComfyUI's built-in (``TomePatchModel``: queries only, the highest
+level only; :mod:`benchmarks.comfy_builtin`), and our settings records.
 
 A mode is applied to a bare UNet for one sampling run (re-applied for the next: plan reuse starts afresh); our
 modes start from the extension's defaults (``ToMeSettings()``) and change only what their name says.
@@ -16,6 +17,7 @@ import tomesd
 from torch import nn
 
 import tome_core
+from benchmarks import comfy_builtin
 
 _TESTS = str(Path(__file__).resolve().parents[1] / "tests")
 if _TESTS not in sys.path:
@@ -27,19 +29,24 @@ SEED = 1234  # the "image seed" our random partition is derived from
 
 @dataclass(frozen=True)
 class Mode:
-    """``settings``: ToMeSettings fields changed from the defaults (with ``enabled``); ``tomesd``: the built-in."""
+    """``settings``: ToMeSettings fields changed from the defaults (with ``enabled``); ``tomesd``: the WebUI's built-in;
+    ``comfy``: the ratio of ComfyUI's built-in."""
 
     name: str
     label: str
     settings: dict[str, Any] | None = None
     tomesd: bool = False
+    comfy: float | None = None
     tags: tuple[str, ...] = field(default=())
 
     def apply(self, unet: nn.Module) -> tome_core.Patch | None:
         """Leave ``unet`` as this mode wants it (anything applied before removed); our patch, if any."""
         tome_core.remove_patch(unet)
         tomesd.remove_patch(Holder(unet))
-        if self.tomesd:  # A1111's built-in: tomesd at its defaults, no randomness, self-attention only
+        comfy_builtin.remove(unet)
+        if self.comfy is not None:  # ComfyUI's TomePatchModel: queries merged in attn1 at the highest level only
+            comfy_builtin.apply(unet, self.comfy, SEED)
+        elif self.tomesd:  # A1111's built-in: tomesd at its defaults, no randomness, self-attention only
             tomesd.apply_patch(
                 Holder(unet), ratio=0.5, use_rand=False, merge_attn=True, merge_crossattn=False, merge_mlp=False
             )
@@ -50,6 +57,8 @@ class Mode:
 
 PLAIN = Mode("plain", "plain")
 TOMESD = Mode("tomesd", "built-in (tomesd 0.5, max downsample 1)", tomesd=True)
+COMFY = Mode("comfy-tome", "ComfyUI built-in (TomePatchModel 0.3)", comfy=0.3)
+"""ComfyUI's built-in at its own default ratio, 0.3 (what a user who adds the node gets; beside ours at 0.3)."""
 TOME = (
     Mode("exact-0.3", "ours: exact, ratio 0.3", {"ratio": 0.3}),
     Mode("exact-0.5", "ours: exact, ratio 0.5 (default)", {}),
@@ -82,7 +91,7 @@ CACHE = (
     cached(TOME[1], 3, 0.2),
 )
 """The step cache alone (= DeepCache, branch 0) and with token merging (issue 14)."""
-MODES: dict[str, Mode] = {m.name: m for m in (PLAIN, TOMESD, *TOME, *CACHE)}
+MODES: dict[str, Mode] = {m.name: m for m in (PLAIN, TOMESD, COMFY, *TOME, *CACHE)}
 
 
 def for_layout(layout: str, names: tuple[str, ...] | None = None) -> list[Mode]:
