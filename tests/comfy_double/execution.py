@@ -5,10 +5,11 @@
   (``value_smaller_than_min`` / ``value_bigger_than_max``, l.898-922) or outside a combo's list. A rejected prompt
   runs nothing (HTTP 400 with ``node_errors``).
 - ``execute`` (l.400-620): each output node's inputs first, every node once per prompt (its outputs cached for the
-  prompt); the node class instantiated and its ``FUNCTION`` called with the inputs as keywords (optional ones only
-  when given). An exception fails the prompt: ``!!! Exception during processing !!! <message>`` and the traceback are
-  logged, the error carries the node id, ``exception_type`` (module and class) and ``exception_message`` (l.589-617);
-  an OOM also unloads every model; an interrupt fails it as "Processing interrupted" (l.580-587).
+  prompt); the node class instantiated and its ``FUNCTION`` called with its declared inputs as keywords (optional
+  ones only when given; an undeclared input is part of ComfyUI's cache key, never passed on: ``get_input_data``,
+  l.150-200). An exception fails the prompt: ``!!! Exception during processing !!! <message>`` and the traceback
+  are logged, the error carries the node id, ``exception_type`` (module and class) and ``exception_message``
+  (l.589-617); an OOM also unloads every model; an interrupt fails it as "Processing interrupted" (l.580-587).
 """
 
 from __future__ import annotations
@@ -98,9 +99,12 @@ def execute(prompt: dict) -> dict[str, tuple]:
             return outputs[node_id]
         node = prompt[node_id]
         cls = nodes.NODE_CLASS_MAPPINGS[node["class_type"]]
+        spec = cls.INPUT_TYPES()
+        declared = {*spec.get("required", {}), *spec.get("optional", {})}
         kwargs: dict[str, Any] = {}
-        for name, value in node["inputs"].items():
-            kwargs[name] = run(value[0])[value[1]] if isinstance(value, list) else value
+        for name, value in node["inputs"].items():  # undeclared inputs are kept for the cache key, never passed on
+            if name in declared:
+                kwargs[name] = run(value[0])[value[1]] if isinstance(value, list) else value
         try:
             outputs[node_id] = getattr(cls(), cls.FUNCTION)(**kwargs)
         except model_management.InterruptProcessingException:
