@@ -107,6 +107,14 @@ def test_quality_tables_are_the_fidelity_benchmarks_last_run(header):
     _assert_copied(QUALITY_SECTION, header, "fidelity")
 
 
+COMFY_SECTION = README[README.index("## ComfyUI") :].split("\n## ", 1)[0]
+
+
+def test_the_comfy_speed_table_is_the_comfy_benchmarks_last_run():
+    """The real ComfyUI's numbers in the README (``python -m benchmarks.comfy``), copied unchanged."""
+    _assert_copied(COMFY_SECTION, "| ComfyUI (CPU): model, size |", "comfy-cpu")
+
+
 NEIGHBOURS_SECTION = README[README.index("## With other extensions") :].split("\n## ", 1)[0]
 
 
