@@ -1,5 +1,6 @@
 """The modes the quality and speed benchmarks compare, by one name each: plain sampling, the WebUI's built-in
-token merging (tomesd 0.1.3 with A1111's settings), our settings records, and the caches other UIs ship
+token merging (tomesd 0.1.3 with A1111's settings), ComfyUI's built-in (``TomePatchModel``: queries only, the highest
+level only; :mod:`benchmarks.comfy_builtin`), our settings records, and the caches other UIs ship
 (:mod:`benchmarks.anchors`).
 
 A mode is applied to a bare UNet for one sampling run (re-applied for the next: plan reuse starts afresh); our
@@ -20,7 +21,7 @@ import tomesd
 from torch import nn
 
 import tome_core
-from benchmarks import anchors
+from benchmarks import anchors, comfy_builtin
 
 _TESTS = str(Path(__file__).resolve().parents[1] / "tests")
 if _TESTS not in sys.path:
@@ -32,7 +33,7 @@ SEED = 1234  # the "image seed" our random partition is derived from
 
 @dataclass(frozen=True)
 class Mode:
-    """``settings``: ToMeSettings fields changed from the defaults (with ``enabled``); ``tomesd``: the built-in;
+    """``settings``: ToMeSettings fields changed from the defaults (with ``enabled``); ``tomesd``: the WebUI's built-in; ``comfy``: the ratio of ComfyUI's built-in;
     ``rule``: another cache's per-call rule (:mod:`benchmarks.anchors`); ``full_steps``: for a pass of ``n`` steps,
     the full steps of our cache's schedule (DeepCache's non-uniform one); ``per_seed``: our patch's decisions depend
     on the sample, so it samples seed by seed (a batch would share them; the other caches' rules decide per seed inside
@@ -42,6 +43,7 @@ class Mode:
     label: str
     settings: dict[str, Any] | None = None
     tomesd: bool = False
+    comfy: float | None = None
     tags: tuple[str, ...] = field(default=())
     rule: Callable[[], anchors.StepRule] | None = None
     full_steps: Callable[[int], list[int]] | None = None
@@ -54,7 +56,10 @@ class Mode:
         tome_core.remove_patch(unet)
         tomesd.remove_patch(Holder(unet))
         anchors.remove_rule(unet)
-        if self.tomesd:  # A1111's built-in: tomesd at its defaults, no randomness, self-attention only
+        comfy_builtin.remove(unet)
+        if self.comfy is not None:  # ComfyUI's TomePatchModel: queries merged in attn1 at the highest level only
+            comfy_builtin.apply(unet, self.comfy, SEED)
+        elif self.tomesd:  # A1111's built-in: tomesd at its defaults, no randomness, self-attention only
             tomesd.apply_patch(
                 Holder(unet), ratio=0.5, use_rand=False, merge_attn=True, merge_crossattn=False, merge_mlp=False
             )
@@ -75,6 +80,8 @@ class Mode:
 
 PLAIN = Mode("plain", "plain")
 TOMESD = Mode("tomesd", "built-in (tomesd 0.5, max downsample 1)", tomesd=True)
+COMFY = Mode("comfy-tome", "ComfyUI built-in (TomePatchModel 0.3)", comfy=0.3)
+"""ComfyUI's built-in at its own default ratio, 0.3 (what a user who adds the node gets; beside ours at 0.3)."""
 TOME = (
     Mode("exact-0.3", "ours: exact, ratio 0.3", {"ratio": 0.3}),
     Mode("exact-0.5", "ours: exact, ratio 0.5 (default)", {}),
@@ -187,7 +194,7 @@ FRONTIER = (
 """Issue 23's frontier: DeepCache N=4 and its non-uniform schedule, our forecast and adaptive schedule (alone and with
 ToDo), and the caches other UIs ship (:mod:`benchmarks.anchors`; their thresholds span 1.5–4× here; Spectrum's
 window at Neo's warmup of 6 steps reaches 2× at most, so two of its windows run with a warmup of 2 too)."""
-MODES: dict[str, Mode] = {m.name: m for m in (PLAIN, TOMESD, *TOME, *CACHE, *FRONTIER)}
+MODES: dict[str, Mode] = {m.name: m for m in (PLAIN, TOMESD, COMFY, *TOME, *CACHE, *FRONTIER)}
 
 
 def for_layout(layout: str, names: tuple[str, ...] | None = None) -> list[Mode]:

@@ -143,7 +143,7 @@ def _steps(unet, patch, steps=7, hook=None):
 
 
 def test_a_cached_step_gets_exactly_the_linear_forecast_of_the_deep_features(unet):
-    entry = unet.output_blocks[-1]  # branch 0: the block the deep features enter
+    entry = unet.output_blocks[-1][0]  # branch 0: the first layer of the block the deep features enter
     seen: list[torch.Tensor] = []
     handle = entry.register_forward_pre_hook(lambda m, args: seen.append(args[0][:, :32].clone()))
     try:

@@ -110,7 +110,7 @@ def test_the_hires_pass_starts_a_fresh_cache_with_its_own_interval(webui, sd_mod
 def test_cached_steps_take_the_forecast_the_setting_names(webui, sd_model, forecast):
     txt, _ = webui
     unet = sd_model.model.diffusion_model
-    entry, seen = unet.output_blocks[-1], []  # branch 0: the block the deep features enter
+    entry, seen = unet.output_blocks[-1][0], []  # branch 0: the first layer of the block the deep features enter
     handle = entry.register_forward_hook(lambda m, args, out: seen.append(args[0].clone()))  # its input as it ran
     try:
         args = tome_args(txt, ratio=0.0, cache=True, cache_interval=2, cache_forecast=forecast)

@@ -92,19 +92,34 @@ def test_real_widths_lead_and_every_speedup_shown_was_measured():
     measured = set()
     for header, name in TABLES.items():
         measured |= {cell for row in _table(_section(results, name), header)[1].values() for cell in row}
+    # the fidelity run's speed-ups: the same real-width runs, and a data-dependent mode's steps priced with them
+    measured |= set(re.findall(r"\d+\.\d+×", _section(results, "fidelity")))
     published = {f"{v:.2f}×" for v in PUBLISHED.values()}  # tomesd's own GPU numbers, quoted as such
     shown = set(re.findall(r"\d+\.\d+×", SPEEDUP_SECTION))
     assert shown <= measured | published, shown - measured - published
 
 
 QUALITY_SECTION = README[README.index("## Quality") :].split("\n## ", 1)[0]
-QUALITY_TABLES = ("| quality: mode |", "| quality, DPM++ 2M Karras: mode |")
+QUALITY_TABLES = (
+    "| quality: mode |",
+    "| quality, DPM++ 2M Karras: mode |",
+    "| case, speed |",
+    "| case (DeepCache N=3: PSNR, speed) |",
+)
 
 
 @pytest.mark.parametrize("header", QUALITY_TABLES)
 def test_quality_tables_are_the_fidelity_benchmarks_last_run(header):
     """The README's quality figures are the trained models' (``python -m benchmarks.fidelity``), copied unchanged."""
     _assert_copied(QUALITY_SECTION, header, "fidelity")
+
+
+COMFY_SECTION = README[README.index("## ComfyUI") :].split("\n## ", 1)[0]
+
+
+def test_the_comfy_speed_table_is_the_comfy_benchmarks_last_run():
+    """The real ComfyUI's numbers in the README (``python -m benchmarks.comfy``), copied unchanged."""
+    _assert_copied(COMFY_SECTION, "| ComfyUI (CPU): model, size |", "comfy-cpu")
 
 
 NEIGHBOURS_SECTION = README[README.index("## With other extensions") :].split("\n## ", 1)[0]

@@ -9,11 +9,14 @@ from the cache: input blocks ``b + 1 …``, the middle block and output blocks `
 the shallowest: a cached step runs the first convolution, the last output block and the output layer.
 
 The cache works at the level of the block modules and leaves each host's UNet loop as it is, so ControlNet's forward
-(Mikubill's), sgm's, Forge's and ldm's alike keep running their own code: a skipped block returns zeros of the shape
-it returned at the last full step (the loop concatenates and adds as it always does, also ControlNet's residuals),
-and the first output block that runs gets the cached deep features in place of those zeros, next to the live skip
-connection (which carries the current step's control residual). Only the skipped blocks get an instance-level
-``forward`` (their compute must be skipped; restored exactly on removal); everything else is hooks.
+(Mikubill's), sgm's, Forge's, ComfyUI's and ldm's alike keep running their own code: each layer of a skipped block
+returns zeros of the shape it returned at the last full step (the loop concatenates and adds as it always does, also
+ControlNet's residuals), and the first output block that runs gets the cached deep features in place of those zeros,
+next to the live skip connection (which carries the current step's control residual). The cache acts on a block's
+layers (:func:`block_layers`), not on the block itself, because ComfyUI's loop iterates a block's layers instead of
+calling the block (``forward_timestep_embed``); the other hosts call the block, which calls its layers. Only the
+layers of the skipped blocks get an instance-level ``forward`` (their compute must be skipped; restored exactly on
+removal); everything else is hooks.
 
 Schedule and forecast (:mod:`tome_core.schedule`, :mod:`tome_core.forecast`): the first and the last step of a pass
 are full, and so is any step outside ``cache_start <= progress < cache_end``; inside, a step is cached unless
@@ -57,6 +60,19 @@ def unet_blocks(root: nn.Module) -> tuple[list[nn.Module], nn.Module, list[nn.Mo
     return list(inputs), middle, list(outputs)
 
 
+def block_layers(block: nn.Module) -> list[nn.Module]:
+    """The modules a host's UNet loop calls for one block: the layers of a ``TimestepEmbedSequential`` (an
+    ``nn.Sequential``: ComfyUI's loop calls them one by one, the other hosts' block forwards do the same), else the
+    block itself."""
+    return list(block) if isinstance(block, nn.Sequential) and len(block) else [block]
+
+
+def _layout(blocks: tuple[list[nn.Module], nn.Module, list[nn.Module]]) -> list[int]:
+    """The identity of every block and of each one's layers, in order: what the cache wrapped and hooked."""
+    inputs, middle, outputs = blocks
+    return [id(m) for block in (*inputs, middle, *outputs) for m in (block, *block_layers(block))]
+
+
 def skip_connections(root: nn.Module) -> int:
     """How many skip branches the UNet has (0 when it has no cacheable layout): ``cache_branch`` is below it."""
     blocks = unet_blocks(root)
@@ -65,7 +81,7 @@ def skip_connections(root: nn.Module) -> int:
 
 @dataclass
 class _Pass:
-    """One pass through the blocks at a full call: what the skipped blocks returned (shapes), and whether the deep
+    """One pass through the blocks at a full call: what the skipped layers returned (shapes), and whether the deep
     features reached its track."""
 
     shapes: dict[int, tuple[torch.Size, torch.dtype, torch.device]] = field(default_factory=dict)
@@ -168,15 +184,18 @@ class StepCache:
         inputs, middle, outputs = blocks
         b = settings.cache_branch
         self.entry_index = n - 1 - b
-        self.entry = outputs[self.entry_index]
-        self.first = inputs[0]  # every pass through the blocks starts here
-        self.skipped: list[nn.Module] = [*inputs[b + 1 :], middle, *outputs[: self.entry_index]]
-        self._below = len(self.skipped) - 1  # the skipped module whose output enters the entry block
-        self._layout = [id(m) for m in (*inputs, middle, *outputs)]
+        self.entry = block_layers(outputs[self.entry_index])[
+            0
+        ]  # the entry block's first layer: its input is the block's
+        self.first = block_layers(inputs[0])[0]  # every pass through the blocks starts here
+        skipped_blocks = [*inputs[b + 1 :], middle, *outputs[: self.entry_index]]
+        self.skipped: list[nn.Module] = [layer for block in skipped_blocks for layer in block_layers(block)]
+        self._below = len(self.skipped) - 1  # the skipped layer whose output enters the entry block
+        self._layout = _layout(blocks)
 
     # --- installing -----------------------------------------------------------------------------------
     def install(self) -> None:
-        """Wrap the skippable blocks and hook the entry block, or nothing: a failure part-way undoes it all."""
+        """Wrap the skippable blocks' layers and hook the entry block, or nothing: a failure part-way undoes it all."""
         if not self.usable:
             return
         try:
@@ -193,7 +212,7 @@ class StepCache:
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             if self.skipping:
-                return self._placeholder(index, module, args, kwargs)
+                return self._placeholder(index)
             out = original(*args, **kwargs)
             if self._pass is not None and not self._cached_call and isinstance(out, torch.Tensor):
                 self._pass.shapes[index] = (out.shape, out.dtype, out.device)
@@ -202,8 +221,8 @@ class StepCache:
         self._originals.append(_replace_forward(module, forward))
 
     def remove(self) -> None:
-        """Restore every wrapped block's ``forward`` exactly (an instance attribute only if it had one) and remove the
-        hooks; a block whose ``forward`` another extension wrapped since is left to it, our wrapper made inert."""
+        """Restore every wrapped layer's ``forward`` exactly (an instance attribute only if it had one) and remove the
+        hooks; a layer whose ``forward`` another extension wrapped since is left to it, our wrapper made inert."""
         self._begin_call(None, cached=False)
         self._streams.clear()
         for handle in self._handles:
@@ -265,7 +284,7 @@ class StepCache:
         return record.deep and len(record.shapes) == len(self.skipped)
 
     def _pass_pre(self, module: nn.Module, args: tuple) -> None:
-        """A pass through the blocks begins (``input_blocks[0]``): its record, and whether it is skipped — at a cached
+        """A pass through the blocks begins (``input_blocks[0]``'s first layer): its record, and whether it is skipped — at a cached
         call, when the full call had a complete pass of this number (else this pass runs in full)."""
         stream, number = self._stream, self._passes
         self._passes += 1
@@ -286,22 +305,17 @@ class StepCache:
         """The UNet still holds the blocks we wrapped, with our wrappers: another extension may have swapped a block
         in its lists (Kohya's HRFix for the WebUI wraps one in a module of its own) or replaced a forward."""
         blocks = unet_blocks(self.root)
-        if blocks is None or [id(m) for m in (*blocks[0], blocks[1], *blocks[2])] != self._layout:
+        if blocks is None or _layout(blocks) != self._layout:
             return False
         return all(module.__dict__.get("forward") is ours for module, _, _, ours in self._originals)
 
-    def _placeholder(self, index: int, module: nn.Module, args: tuple, kwargs: dict) -> torch.Tensor:
-        """What a skipped block returns: zeros of the shape it returned at the stream's last full call (the host loop
-        may add into it in place: Forge's control residuals). Keeps Forge's ``transformer_index`` counting as if the
-        block had run."""
+    def _placeholder(self, index: int) -> torch.Tensor:
+        """What a skipped layer returns: zeros of the shape it returned at the stream's last full call (the host loop
+        may add into a block's output in place: Forge's and ComfyUI's control residuals). The host's loop over the
+        layers still counts ``transformer_index`` as if they had run."""
         record = self._pass
         assert record is not None
         shape, dtype, device = record.shapes[index]
-        for value in (*args, *kwargs.values()):
-            if isinstance(value, dict) and "transformer_index" in value:
-                value["transformer_index"] += sum(
-                    1 for layer in module.children() if hasattr(layer, "transformer_blocks")
-                )
         return torch.zeros(shape, dtype=dtype, device=device)
 
     def _entry_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:

@@ -18,7 +18,9 @@ so (:class:`~tome_core.patch.MergeReport`). What is recognised (each from readin
   was (Layer Diffuse's SD1.5 attention sharing, ``AttentionSharingUnit``, indexes its control signals by token
   count): anything without ``to_q``, ``to_k`` and ``to_v``.
 
-Forge's own attention patches (``attn1_patch``, ``patches_replace``) are not modules and are handled by the patch.
+Forge's and ComfyUI's attention patches (``attn1_patch``, ``patches_replace``) are not modules and are handled by the
+patch: one that hands a layer other tokens than its block's (ComfyUI's HyperTile tiles the queries into the batch, its
+TomePatchModel merges them) leaves that call as it is, said with :data:`RESHAPED`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch import nn
 HYPERTILE = "Hypertile tiles it"
 LLLITE = "ControlNet-LLLite patches it"
 REPLACED = "replaced by another extension"
+RESHAPED = "another patch tiled or merged its tokens"
 _HYPERTILE_ATTR = "__webui_hypertile_params"
 _PROJECTIONS = ("to_q", "to_k", "to_v")
 

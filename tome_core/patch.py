@@ -225,7 +225,7 @@ class _Shortfalls:
     aside: dict[tuple[str, str], set[int]] = field(default_factory=dict)  # (layer, reason) -> blocks
 
 
-_LAYERS = {"attn1": "self-attention", "attn2": "cross-attention"}
+_LAYERS = {"attn1": "self-attention", "attn2": "cross-attention", "ff": "MLP"}
 
 
 @dataclass
@@ -473,6 +473,17 @@ class Patch:
                 self._shortfalls.aside.setdefault((_LAYERS[name], reason), set()).add(index)
         return True
 
+    def _reshaped(self, call: _BlockCall, name: str, hidden: torch.Tensor) -> bool:
+        """Whether an attention patch changed the layer's input from the block's tokens (ComfyUI's HyperTile tiles
+        ``attn1``'s queries into the batch, its TomePatchModel merges them): then the call runs as it is, counted in
+        the report where ToMe would have changed it."""
+        if hidden.shape[:2] == call.x.shape[:2]:
+            return False
+        if self._acts_on(call, name, call.x.shape[1]):
+            reason = (_LAYERS[name], neighbours.RESHAPED)
+            self._shortfalls.aside.setdefault(reason, set()).add(self._index[id(call.block)])
+        return True
+
     def _make_sub_pre(self, block: nn.Module, name: str):
         flag = dict(_TARGETS)[name]
 
@@ -487,21 +498,14 @@ class Patch:
             if not (name == "attn1" if downsample else getattr(self.settings, flag)):
                 return None
             hidden = args[0] if args else kwargs.get("x")
-            tokens = hidden.shape[1] if isinstance(hidden, torch.Tensor) and hidden.dim() == 3 else None
-            if tokens is not None and self._steps_aside(call, name, sub, tokens):
+            if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3:
+                return None
+            if self._steps_aside(call, name, sub, hidden.shape[1]) or self._reshaped(call, name, hidden):
                 return None
             if downsample:
                 return self._downsample_kv(call, name, args, kwargs)
             plan = self._plan(call)
-            if plan is None or not isinstance(hidden, torch.Tensor):
-                return None
-            if hidden.dim() != 3 or hidden.shape[0] != plan.batch or hidden.shape[1] != plan.num_tokens:
-                if hidden.shape[1] != plan.num_tokens:
-                    self._warn_once(
-                        "mismatch",
-                        f"ToMe: {name} got {hidden.shape[1]} tokens where the block had {plan.num_tokens} "
-                        "(another token-merging patch?); those calls run unmerged",
-                    )
+            if plan is None:
                 return None
             self._active[id(sub)] = plan
             merged = plan.merge(hidden)

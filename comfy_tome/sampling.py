@@ -1,0 +1,271 @@
+"""ToMe during one ComfyUI sampling: the settings the nodes attached to a model patcher, applied to its UNet (and to the
+ControlNet models of the conditioning) for the duration of that patcher's sampling only.
+
+- A node validates its settings, clones the model patcher it was given and attaches a :class:`Request` to the clone
+  (``set_attachments``; later clones carry it on), with two wrappers under the key ``"tome"``
+  (``add_wrapper_with_key``, stackable: nothing of another node's is replaced). The model it was given is untouched,
+  so another KSampler on the same checkpoint samples without ToMe.
+- ``SAMPLER_SAMPLE`` (inside ``CFGGuider.outer_sample``, after the models are loaded and the ControlNets' ``pre_run``)
+  patches the UNet with :func:`tome_core.apply_settings`, and with ``merge_controlnet`` the control models too, runs
+  the sampler and removes every patch in a ``finally``: after an interrupt, an error or an OOM nothing is left on the
+  modules the patchers share. Then it says in the console what ToMe did and could not do (``ToMe note: ...``).
+- ``CALC_COND_BATCH`` (every model evaluation, before the control models and the UNet run) reports the step to the
+  patches (:meth:`tome_core.Patch.set_progress`): the index of its sigma in ``transformer_options["sample_sigmas"]``
+  and the sampler's step count. The cond/uncond streams come from ``transformer_options["cond_or_uncond"]``, which
+  the core reads at each UNet call.
+- Neighbours: ComfyUI's built-in ``TomePatchModel`` (queries merged at the highest level) is taken over while ours
+  merges: its two attn1 patches are left out of this sampling's options (``ToMe replaced built-in ratio``). With
+  EasyCache or LazyCache on the model our step cache steps aside: two caches never both run. The core says where
+  another patch keeps it from merging (HyperTile, SAG, PAG: :class:`tome_core.MergeReport`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from tome_core import extension as ext
+from tome_core import settings as S
+from tome_core.cache import StepCache
+from tome_core.patch import Patch, apply_settings, find_unet, has_transformer_blocks
+from tome_core.settings import SettingsError, ToMeSettings
+
+log = logging.getLogger("tome_core")
+
+KEY = "tome"
+"""The attachment and wrapper key on the model patcher."""
+LATENT_SCALE = 8
+"""Pixels per latent cell of SD1/SD2/SDXL (what ``min_size`` is compared with)."""
+OTHER_CACHES = {"easycache": "EasyCache", "lazycache": "LazyCache"}
+"""Wrapper keys of ComfyUI's built-in step caches (comfy_extras/nodes_easycache.py) and their node names."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What the ToMe nodes of a chain asked for: the ``ToMe`` node's settings, the ``ToMeStepCache`` node's."""
+
+    merge: Mapping[str, Any] | None = None
+    cache: Mapping[str, Any] | None = None
+
+    def settings(self) -> ToMeSettings:
+        """The validated settings of a sampling with this request: without a ``ToMe`` node the cache alone (ratio 0),
+        without a ``ToMeStepCache`` node no cache. Raises :class:`SettingsError` naming the setting."""
+        merge = dict(self.merge) if self.merge is not None else {"ratio": 0.0}
+        cache = {"cache": True, **self.cache} if self.cache is not None else {}
+        return S.from_dict({"enabled": True, **merge, **cache})
+
+
+def attach(model: Any, part: str, given: Mapping[str, Any]) -> Any:
+    """A clone of the model patcher ``model`` carrying this node's settings (``part``: "merge" or "cache") beside what
+    earlier ToMe nodes of the chain asked for (a second node of the same kind replaces the first's), and the wrappers.
+    Bad settings raise :class:`SettingsError` (said in the console as ``ToMe error``) and nothing is cloned."""
+    from comfy.patcher_extension import WrappersMP
+
+    request = dataclasses.replace(model.get_attachment(KEY) or Request(), **{part: dict(given)})
+    try:
+        settings = request.settings()
+        unet = find_unet(getattr(model, "model", None))
+        if settings.caches and unet is not None:
+            StepCache(unet, settings)  # the branch must exist in this UNet (SDXL has 9); no hook is placed
+    except SettingsError as error:
+        log.error(f"{ext.ERROR_KEY}: {error}")
+        raise
+    patched = model.clone()
+    patched.set_attachments(KEY, request)
+    for kind, wrapper in ((WrappersMP.SAMPLER_SAMPLE, _sampler_sample), (WrappersMP.CALC_COND_BATCH, _calc_cond_batch)):
+        patched.remove_wrappers_with_key(kind, KEY)
+        patched.add_wrapper_with_key(kind, KEY, wrapper)
+    return patched
+
+
+# --- one sampling ------------------------------------------------------------------------------------------------
+
+
+class Session:
+    """The patches of one sampling: the UNet's and the control models', removed together."""
+
+    def __init__(self, unet: nn.Module, settings: ToMeSettings, controls: Sequence[nn.Module] = ()):
+        self.settings = settings
+        self.patches: list[Patch] = []
+        self._sigmas: tuple[int, list[float]] | None = None  # (id of sample_sigmas, its values)
+        try:
+            self.patches.append(apply_settings(unet, settings))
+            if settings.merge_controlnet and settings.merges:
+                merging = settings.replace(cache=False)  # a control model is no UNet to cache
+                self.patches += [apply_settings(m, merging) for m in controls]
+        except BaseException:
+            self.remove()
+            raise
+
+    def place(self, sigma: torch.Tensor, sample_sigmas: torch.Tensor | None) -> None:
+        """Report the step of a model evaluation at ``sigma`` (its first element) to every patch."""
+        if sample_sigmas is None or len(sample_sigmas) < 2:
+            return
+        if self._sigmas is None or self._sigmas[0] != id(sample_sigmas):
+            self._sigmas = (id(sample_sigmas), [float(s) for s in sample_sigmas])
+        step, steps = position(float(sigma.flatten()[0]), self._sigmas[1])
+        for patch in self.patches:
+            patch.set_progress(step / steps, steps)
+
+    def notes(self) -> list[str]:
+        """What the patches could not do (each phrase once)."""
+        out: list[str] = []
+        for patch in self.patches:
+            out += [note for note in patch.report().notes if note not in out]
+        return out
+
+    def remove(self) -> None:
+        for patch in self.patches:
+            patch.remove()
+
+
+def position(sigma: float, sigmas: Sequence[float]) -> tuple[int, int]:
+    """``(step, steps)`` of a model evaluation at ``sigma`` in a sampler's schedule ``sigmas`` (descending, the last
+    one the end): the last step whose sigma is at least ``sigma``, so a sampler's evaluations between two sigmas
+    (Heun, DPM2) belong to the step they start from."""
+    steps = len(sigmas) - 1
+    step = sum(1 for s in sigmas[1:steps] if s >= sigma * (1 - 1e-5))
+    return step, steps
+
+
+_LIVE: dict[int, Session] = {}
+"""The session of each model sampling now (by the id of ComfyUI's model, ``BaseModel``)."""
+
+
+def _sampler_sample(executor: Any, guider: Any, sigmas: Any, extra_args: dict, callback: Any, noise: Any, *args, **kw):
+    """``WrappersMP.SAMPLER_SAMPLE``: ToMe on for this sampler's run only."""
+    request: Request | None = guider.model_patcher.get_attachment(KEY)
+    model = guider.inner_model
+    unet = find_unet(model)
+    if request is None or unet is None:
+        return executor(guider, sigmas, extra_args, callback, noise, *args, **kw)
+    run, info = ext.Run(request.settings()), {}
+    options = extra_args.setdefault("model_options", {}).setdefault("transformer_options", {})
+    settings = _with_neighbours(_pass_settings(run, extra_args.get("seed"), noise), options, run, info)
+    if settings is None:
+        _say(run, info)
+        return executor(guider, sigmas, extra_args, callback, noise, *args, **kw)
+    try:
+        session = Session(unet, settings, control_models(getattr(guider, "conds", None)))
+    except SettingsError as error:  # a setting this model rejects (the nodes checked what they could)
+        log.error(f"{ext.ERROR_KEY}: {error}")
+        raise
+    _LIVE[id(model)] = session
+    try:
+        return executor(guider, sigmas, extra_args, callback, noise, *args, **kw)
+    finally:
+        _LIVE.pop(id(model), None)
+        run.note(*session.notes())
+        cache = session.patches[0].report().cache
+        session.remove()
+        info = {**ext.infotext(settings, used_seed=settings.seed), **info}
+        if cache is not None:
+            run.count_cache(cache.passes)
+        if run.cache_steps_text:
+            info[ext.CACHE_STEPS_KEY] = run.cache_steps_text
+        _say(run, info)
+
+
+def _calc_cond_batch(executor: Any, model: Any, conds: Any, x_in: Any, timestep: Any, model_options: dict, *a, **kw):
+    """``WrappersMP.CALC_COND_BATCH``: the step of this evaluation, reported before the control models and the UNet
+    run."""
+    session = _LIVE.get(id(model))
+    if session is not None:
+        session.place(timestep, model_options.get("transformer_options", {}).get("sample_sigmas"))
+    return executor(model, conds, x_in, timestep, model_options, *a, **kw)
+
+
+def _pass_settings(run: ext.Run, image_seed: int | None, noise: Any) -> ToMeSettings | None:
+    """This sampling's settings: the seed actually used (the noise seed for -1) and ``min_size`` against the image's
+    shorter side (below it the cache alone, or nothing)."""
+    settings = run.pass_settings(image_seed, hires=False)
+    height, width = (int(n) * LATENT_SCALE for n in noise.shape[-2:])
+    if not run.too_small(width, height):
+        return settings
+    run.note(f"pass {width}x{height} is below the minimum size {run.settings.min_size} px: not merged")
+    return settings.replace(ratio=0.0, method="merge") if settings.caches else None
+
+
+def _with_neighbours(settings: ToMeSettings | None, options: dict, run: ext.Run, info: dict) -> ToMeSettings | None:
+    """Settings beside the other speed-ups on this model: the built-in ``TomePatchModel`` taken over while ours merges
+    (its ratio in ``info``, as the WebUI's infotext says it); our cache off beside EasyCache / LazyCache. None when
+    nothing is left for ToMe to do."""
+    if settings is None:
+        return None
+    if settings.merges:
+        replaced = take_over_builtin(options.get("patches", {}))
+        if replaced is not None:
+            info[ext.BUILTIN_KEY] = replaced
+    wrappers = options.get("wrappers", {})
+    others = [name for key, name in OTHER_CACHES.items() if any(key in by_key for by_key in wrappers.values())]
+    if others and settings.caches:
+        run.note(f"step cache off: {others[0]} already skips steps (two caches never both run)")
+        settings = settings.replace(cache=False)
+    return settings if settings.merges or settings.caches else None
+
+
+def take_over_builtin(patches: dict) -> float | None:
+    """Leave ComfyUI's ``TomePatchModel`` patches out of this sampling's ``patches`` (a per-sampling copy); its ratio,
+    or None when it is not there."""
+    ratio = None
+    for name in ("attn1_patch", "attn1_output_patch"):
+        kept = [p for p in patches.get(name, ()) if not _builtin_tome(p)]
+        for p in patches.get(name, ()):
+            if _builtin_tome(p) and ratio is None:
+                ratio = _closure_value(p, "ratio")
+        if name in patches and len(kept) != len(patches[name]):
+            if kept:
+                patches[name] = kept
+            else:
+                del patches[name]  # the block then runs as without any attn1 patch
+    return ratio
+
+
+def _builtin_tome(fn: Any) -> bool:
+    """ComfyUI's TomePatchModel patches: the closures ``tomesd_m`` / ``tomesd_u`` of ``TomePatchModel.execute``
+    (comfy_extras/nodes_tomesd.py; the module is loaded under its file path, so its qualified name tells)."""
+    qualname = getattr(fn, "__qualname__", "")
+    return qualname.startswith("TomePatchModel.") and qualname.rsplit(".", 1)[-1] in ("tomesd_m", "tomesd_u")
+
+
+def _closure_value(fn: Any, name: str) -> float:
+    """A number a closure holds (the built-in's ratio); NaN when it is not readable."""
+    try:
+        cell = fn.__closure__[fn.__code__.co_freevars.index(name)]
+        return float(cell.cell_contents)
+    except (AttributeError, ValueError, TypeError, IndexError):
+        return float("nan")
+
+
+def control_models(conds: Mapping[str, Any] | None) -> list[nn.Module]:
+    """The ControlNet models with transformer blocks in a sampling's conditioning (``ControlNetApplyAdvanced`` puts a
+    ``ControlBase`` chain at each cond's ``"control"``; a ControlLora's model exists from ``pre_run`` on). T2I adapters
+    (no ``control_model``) and models without transformer blocks run as they are."""
+    out: list[nn.Module] = []
+    for entries in (conds or {}).values():
+        for cond in entries or ():
+            control = cond.get("control") if isinstance(cond, dict) else None
+            while control is not None:
+                module = getattr(control, "control_model", None)
+                if (
+                    isinstance(module, nn.Module)
+                    and all(module is not m for m in out)
+                    and has_transformer_blocks(module)
+                ):
+                    out.append(module)
+                control = getattr(control, "previous_controlnet", None)
+    return out
+
+
+def _say(run: ext.Run, info: Mapping[str, Any]) -> None:
+    """The console lines of one sampling: what the WebUI would write in the infotext (``ToMe: True``, the settings
+    that differ from their defaults, the seed used), how the cache ran, and the notes."""
+    if info:
+        log.info(", ".join(f"{key}: {value}" for key, value in info.items()))
+    if run.note_text:
+        log.info(f"{ext.NOTE_KEY}: {run.note_text}")
