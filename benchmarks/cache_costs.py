@@ -134,6 +134,7 @@ def measure(config: Config, rounds: int, log) -> ExtraCosts:
 def section(results: list[ExtraCosts], meta: dict, full: dict[str, float]) -> str:
     """The RESULTS.md section; ``full``: plain's full step per configuration name (``benchmarks.cache``'s run)."""
     lines = [
+        BEGIN,
         "## What the caches' other steps cost (`python -m benchmarks.cache_costs`)",
         "",
         f"CPU, float32, torch {meta['torch']}, {meta['threads']} torch thread(s); {meta['rounds']} interleaved rounds, "
@@ -149,7 +150,7 @@ def section(results: list[ExtraCosts], meta: dict, full: dict[str, float]) -> st
         base = full.get(name)
         cells = [f"{r.cost(k):.4f} s" + (f" ({r.cost(k) / base:.4f})" if base else "") for k in KINDS]
         lines.append(f"| {name}, batch {r.config['batch']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, END])
 
 
 def plain_full_steps() -> dict[str, float]:

@@ -18,7 +18,9 @@ from models import make_unet
 from test_host_reads import host_reads
 
 import tome_core
-from benchmarks import cache, forge, gpu, sampler, sampling, suite, timing
+from benchmarks import cache, cache_costs, forge, gpu, sampler, sampling, suite, timing
+from benchmarks.cache_costs import ExtraCosts
+from benchmarks.results import load_run_data, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -218,3 +220,16 @@ def test_cache_memory_measures_every_variant_and_the_exact_features_held():
     assert all(v["peak_rss"] > 0 for v in r.values())
     text = cache_memory.section([(config, r)], {"torch": "x", "finished": "now"})
     assert "| SD1.5 128 px, batch 1 |" in text and text.startswith(cache_memory.BEGIN)
+
+
+def test_cache_costs_section_replaces_itself_in_results(tmp_path):
+    """The section carries its markers, so writing it again replaces it instead of appending a copy."""
+    data, meta = load_run_data("cache-costs-cpu")
+    text = cache_costs.section([ExtraCosts(**d) for d in data], meta, {})
+    assert text.startswith(cache_costs.BEGIN) and text.endswith(cache_costs.END)
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# Benchmark results\n", encoding="utf-8")
+    for _ in range(2):
+        write_section(text, cache_costs.BEGIN, cache_costs.END, path)
+    written = path.read_text(encoding="utf-8")
+    assert written.count(cache_costs.BEGIN) == 1 and "| SD1.5 1024 px, batch 2 |" in written
