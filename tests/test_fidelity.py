@@ -126,6 +126,24 @@ def test_the_full_plan_covers_every_merging_mode_at_both_sides_on_both_layouts_a
     assert "exact-0.5-md2" not in {m.name for m in B.modes_.for_layout("sdxl")}
 
 
+def test_the_full_plan_puts_every_cache_family_side_by_side_in_every_case():
+    """Issue 23: every family of step caches (DeepCache's two schedules, ours, the other UIs') under Euler and DPM++
+    on both layouts and at SD1.5's 2x; every mode of the frontier at the trained side under Euler; ComfyUI's built-in
+    beside ours there."""
+    cases = {(c.layout, c.side, c.sampler): set(names or B.modes_.MODES) for c, names in B.cases(B.FULL)}
+    frontier = {m.name for m in B.modes_.FRONTIER}
+    families = {m.family for m in B.modes_.FRONTIER}
+    assert families == {"deepcache", "deepcache-nonuniform", "ours", "fbcache", "teacache", "easycache", "spectrum"}
+
+    def families_in(names: set[str]) -> set[str]:
+        return {B.modes_.MODES[n].family for n in names if B.modes_.MODES[n].family}
+
+    for layout in A.ARCHITECTURES:
+        assert frontier | {"comfy-tome"} <= cases[(layout, 32, "euler")]
+        assert families_in(cases[(layout, 32, "dpmpp_2m")]) == families
+    assert families_in(cases[("sd15", 64, "euler")]) >= {"deepcache", "ours", "fbcache", "spectrum"}
+
+
 def test_an_interrupted_run_resumes_with_the_modes_it_saved_and_one_scale_runs_alone():
     plan = B.Plan(2, 1, 2, {"euler": (("plain", "cache-3"), (1, 2))}, data_features=8)
     saves = []
@@ -173,3 +191,27 @@ def test_quick_fidelity_run_reports_its_modes_on_both_layouts():
     text = R.section(data_, meta, "python -m benchmarks.fidelity --quick")
     assert text.startswith(B.BEGIN) and text.endswith(B.END) and text.count("#### ") == len(cases)
     assert "| quality: mode |" in text and len(grids) == 4
+
+
+def test_matched_speeds_judge_every_family_by_the_same_rule():
+    """A family's PSNR at a target speed: its best mode within ±5 %, or the line between its two frontier modes
+    around the target where that is higher; ours too (issue 23's matched-speed table)."""
+    from benchmarks.fidelity import frontier as F
+
+    def pt(name, family, speed, psnr):
+        return F.Point(name, family, speed, speed, speed, psnr, 0.9)
+
+    pts = [
+        pt("cache-2-linear", "ours", 1.8, 42.0),
+        pt("cache-3-linear", "ours", 2.4, 36.0),
+        pt("cache-adaptive-0.04-10-linear", "ours", 2.05, 33.0),  # within ±5 % of 2x but under the line
+        pt("cache-2", "deepcache", 1.6, 37.0),
+        pt("cache-3", "deepcache", 2.0, 32.0),
+        pt("fbcache-0.05", "fbcache", 3.0, 18.0),
+    ]
+    (value, source), others = F.matched(pts, 2.0)
+    assert value == pytest.approx(42.0 - 6.0 / 3) and source.startswith("frontier of ")
+    assert others["deepcache"] == 32.0 and others["fbcache"] == 18.0 and others["spectrum"] is None
+    (value, source), _ = F.matched(pts, 2.4)
+    assert value == 36.0 and "2.40×" in source and "N=3" in source
+    assert F.matched(pts, 4.0)[0] == (None, "")

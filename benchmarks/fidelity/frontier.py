@@ -82,9 +82,10 @@ def best_near(pts: list[Point], family: str, target: float) -> Point | None:
     return max(near, key=lambda p: p.psnr, default=None)
 
 
-def envelope_at(pts: list[Point], family: str, target: float) -> float | None:
-    """The family's best PSNR at ``target`` on its frontier: the most faithful mode at least that fast, or the line
-    between the two frontier modes around it; None where no mode is that fast."""
+def envelope_at(pts: list[Point], family: str, target: float) -> tuple[float, Point, Point] | None:
+    """The family's best PSNR at ``target`` on its frontier and the two frontier modes it comes from: the most
+    faithful mode at least that fast (twice), or the line between the two frontier modes around the target; None
+    where no mode is that fast."""
     mine = [p for p in pts if p.family == family and p.psnr is not None]
     frontier = sorted(
         (p for p in mine if not any(o.speed >= p.speed and o.psnr > p.psnr for o in mine)), key=lambda p: p.speed
@@ -94,27 +95,37 @@ def envelope_at(pts: list[Point], family: str, target: float) -> float | None:
         return None
     slower = [p for p in frontier if p.speed < target]
     if not slower:
-        return max(p.psnr for p in faster)
+        best = max(faster, key=lambda p: p.psnr)
+        return best.psnr, best, best
     a, b = slower[-1], faster[0]
-    return a.psnr + (b.psnr - a.psnr) * (target - a.speed) / (b.speed - a.speed)
+    return a.psnr + (b.psnr - a.psnr) * (target - a.speed) / (b.speed - a.speed), a, b
 
 
-def matched(pts: list[Point], target: float) -> tuple[Point | None, dict[str, float | None]]:
-    """Our most faithful mode within ±5 % of ``target``, and every other family's PSNR there: its best mode within
-    ±5 %, or its frontier's value at the target where that is higher (:func:`envelope_at`)."""
-    others = {}
-    for family in FAMILIES:
-        if family == "ours":
-            continue
-        near, line = best_near(pts, family, target), envelope_at(pts, family, target)
-        values = [v for v in (None if near is None else near.psnr, line) if v is not None]
-        others[family] = max(values, default=None)
-    return best_near(pts, "ours", target), others
+def family_at(pts: list[Point], family: str, target: float) -> tuple[float | None, str]:
+    """The family's PSNR at ``target`` and where it comes from: its best mode within ±5 %, or its frontier's value
+    there (:func:`envelope_at`) where that is higher."""
+    near, line = best_near(pts, family, target), envelope_at(pts, family, target)
+    if near is not None and (line is None or near.psnr >= line[0]):
+        return near.psnr, f"{modes_.MODES[near.name].label}, {near.speed:.2f}×"
+    if line is None:
+        return None, ""
+    value, a, b = line
+    return (
+        value,
+        f"frontier of {modes_.MODES[a.name].label} {a.speed:.2f}× and {modes_.MODES[b.name].label} {b.speed:.2f}×",
+    )
+
+
+def matched(pts: list[Point], target: float) -> tuple[tuple[float | None, str], dict[str, float | None]]:
+    """Every family's PSNR at ``target`` by the same rule (:func:`family_at`): ours, with where it comes from, and
+    the others'."""
+    others = {family: family_at(pts, family, target)[0] for family in FAMILIES if family != "ours"}
+    return family_at(pts, "ours", target), others
 
 
 def matched_table(runs: list[tuple[Case, dict[str, ModeResult]]]) -> str:
-    """Per case and target speed: our best mode within ±5 %, every other family's PSNR at that speed, and ours minus
-    the best of them."""
+    """Per case and target speed: every family's PSNR at that speed, ours with the mode (or the two modes of its
+    frontier) it comes from, and ours minus the best of the others."""
     header = ["case, speed", "ours (mode, speed)", *(v for k, v in FAMILIES.items() if k != "ours"), "margin (dB)"]
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     for case, results in runs:
@@ -122,11 +133,11 @@ def matched_table(runs: list[tuple[Case, dict[str, ModeResult]]]) -> str:
         if not any(p.family == "ours" for p in pts):
             continue
         for target in TARGETS:
-            ours, others = matched(pts, target)
-            mine = "—" if ours is None else f"{ours.psnr:.1f} ({modes_.MODES[ours.name].label}, {ours.speed:.2f}×)"
+            (value, source), others = matched(pts, target)
+            mine = "—" if value is None else f"{value:.1f} ({source})"
             cells = [f"{case.name}, {target:g}×", mine, *("—" if v is None else f"{v:.1f}" for v in others.values())]
             known = [v for v in others.values() if v is not None]
-            margin = "—" if ours is None or not known else f"{ours.psnr - max(known):+.1f}"
+            margin = "—" if value is None or not known else f"{value - max(known):+.1f}"
             lines.append("| " + " | ".join(cells) + f" | {margin} |")
     return "\n".join(lines)
 

@@ -56,7 +56,7 @@ def summary_table(runs: list[tuple[Case, dict[str, ModeResult]]], sampler: str =
     header = [title, *(f"{short[c.layout]} {c.side} px: PSNR dB, accuracy" for c, _ in cases)]
     header += [f"{short[layout]} speed-up (1024 px, real width)" for layout in layouts]
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
-    speed = {layout: layout_speeds(runs, layout) for layout in layouts}
+    speed = {layout: layout_speeds(runs, layout, sampler) for layout in layouts}
     for name in dict.fromkeys(n for _, r in cases for n in r):
         cells = [modes_.MODES[name].label]
         for _, results in cases:
@@ -68,11 +68,14 @@ def summary_table(runs: list[tuple[Case, dict[str, ModeResult]]], sampler: str =
     return "\n".join(lines)
 
 
-def layout_speeds(runs: list[tuple[Case, dict[str, ModeResult]]], layout: str) -> dict[str, float]:
+def layout_speeds(
+    runs: list[tuple[Case, dict[str, ModeResult]]], layout: str, sampler: str = "euler"
+) -> dict[str, float]:
     """Mode → speed-up on ``layout``: the real-width runs' figure, or what its steps cost in the layout's first case
-    that ran it (the trained side, Euler: a data-dependent schedule's speed there)."""
+    with ``sampler`` that ran it (the trained side: a data-dependent schedule's speed there), else in another case."""
     out = dict(speedups(layout))
-    for case, results in runs:
+    ordered = sorted(runs, key=lambda run: run[0].sampler != sampler)  # stable: the sampler's cases first
+    for case, results in ordered:
         if case.layout == layout:
             for p in F.points(case, results):
                 out.setdefault(p.name, p.speed)
