@@ -256,36 +256,39 @@ class Plan:
     """Per layout, samplers whose modes or sides differ from ``samplers``."""
 
 
-FRONTIER_MODES = tuple(m.name for m in modes_.FRONTIER)
-"""Issue 23's caches side by side (DeepCache's schedules, our forecast and adaptive schedule, the other UIs' caches)."""
-DPMPP_MODES = (
-    "plain",
-    "cache-3",
-    "cache-3-from-0.2",
-    "cache-3+exact-0.5",
-    *(m for m in FRONTIER_MODES if "adaptive-0.15" not in m and "adaptive-0.08-10-linear+" not in m),
-)
-"""DPM++ 2M, where early cached steps are reported to hurt (DeepCache #9): the cache with and without a late start,
-and the caches side by side (the adaptive schedule at its two lower thresholds)."""
-TOME_MODES = ("plain", "tomesd", *(m.name for m in modes_.TOME))
-"""Every token-merging mode (issue 16's list), at both sides on both layouts."""
-TWICE_FRONTIER = (
-    "cache-2",
-    "cache-3",
+DPMPP_FRONTIER = (
     "cache-4",
-    "cache-3+todo-2",
     "deepcache-nonuniform-3",
     "cache-2-linear",
     "cache-3-linear",
     "cache-4-linear",
+    "cache-5-linear",
     "cache-3-linear+todo-2",
     "cache-4-linear+todo-2",
+    "cache-adaptive-0.08-10-linear",
     "fbcache-0.05",
     "teacache-0.1",
     "easycache-0.05",
     "spectrum",
 )
-"""At SD1.5's 2x side, issue 23's caches near 2x, 3x and 4x: DeepCache's and ours, one setting of each other cache."""
+"""Under DPM++ 2M, issue 23's caches near 2x, 3x and 4x: DeepCache's and ours, one setting of each other cache (the
+sweeps run under Euler)."""
+DPMPP_MODES = ("plain", "cache-3", "cache-3-from-0.2", "cache-3+exact-0.5", *DPMPP_FRONTIER)
+"""DPM++ 2M, where early cached steps are reported to hurt (DeepCache #9): the cache with and without a late start,
+and the caches side by side."""
+SDXL_DPMPP_LEFT_OUT = ("cache-3+exact-0.5", "cache-4", "cache-2-linear", "cache-4-linear", "cache-4-linear+todo-2")
+"""Under DPM++ on SDXL (a sampling run costs 2.5x SD1.5's here): the caches near 3x and 4x, not the ones between."""
+TOME_MODES = ("plain", "tomesd", *(m.name for m in modes_.TOME))
+"""Every token-merging mode (issue 16's list), at both sides on both layouts."""
+TWICE_FRONTIER = (
+    "cache-3",
+    "cache-3-linear",
+    "cache-3-linear+todo-2",
+    "fbcache-0.05",
+    "spectrum",
+)
+"""At SD1.5's 2x side, where a sampling run costs 7x more here: DeepCache N=3 and ours, alone and with ToDo, and two of
+the other caches."""
 TWICE_MODES = (*TOME_MODES, "cache-3+exact-0.5")
 """At 2x the side, where a sampling run costs 7x more here: every token-merging mode and the cache with ToMe's
 default (SDXL: the cache alone too); the cache's other intervals are measured at the trained side."""
@@ -302,7 +305,7 @@ FULL = Plan(
     },
     overrides={
         "sdxl": {
-            "dpmpp_2m": (tuple(m for m in DPMPP_MODES if m != "cache-3+exact-0.5"), (1,)),
+            "dpmpp_2m": (tuple(m for m in DPMPP_MODES if m not in SDXL_DPMPP_LEFT_OUT), (1,)),
             "euler@2x": ((*TWICE_MODES, "cache-3"), (2,)),
         }
     },
