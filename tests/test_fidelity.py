@@ -215,3 +215,5 @@ def test_matched_speeds_judge_every_family_by_the_same_rule():
     (value, source), _ = F.matched(pts, 2.4)
     assert value == 36.0 and "2.40×" in source and "N=3" in source
     assert F.matched(pts, 4.0)[0] == (None, "")
+    (value, source), _ = F.matched(pts[:2], 1.5)  # every mode faster than the target: the best of them, said so
+    assert value == 42.0 and source.endswith("1.80×, faster")

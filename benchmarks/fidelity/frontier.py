@@ -110,6 +110,8 @@ def family_at(pts: list[Point], family: str, target: float) -> tuple[float | Non
     if line is None:
         return None, ""
     value, a, b = line
+    if a is b:  # no mode of the family is slower than the target: its best faster one bounds it from below
+        return value, f"{modes_.MODES[a.name].label}, {a.speed:.2f}×, faster"
     return (
         value,
         f"frontier of {modes_.MODES[a.name].label} {a.speed:.2f}× and {modes_.MODES[b.name].label} {b.speed:.2f}×",
