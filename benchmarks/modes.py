@@ -33,11 +33,12 @@ SEED = 1234  # the "image seed" our random partition is derived from
 
 @dataclass(frozen=True)
 class Mode:
-    """``settings``: ToMeSettings fields changed from the defaults (with ``enabled``); ``tomesd``: the WebUI's built-in; ``comfy``: the ratio of ComfyUI's built-in;
-    ``rule``: another cache's per-call rule (:mod:`benchmarks.anchors`); ``full_steps``: for a pass of ``n`` steps,
-    the full steps of our cache's schedule (DeepCache's non-uniform one); ``per_seed``: our patch's decisions depend
-    on the sample, so it samples seed by seed (a batch would share them; the other caches' rules decide per seed inside
-    a batch); ``family``: its colour in the plot."""
+    """``settings``: ToMeSettings fields changed from the defaults (with ``enabled``); ``tomesd``: the WebUI's
+    built-in; ``comfy``: the ratio of ComfyUI's built-in; ``rule``: another cache's per-call rule
+    (:mod:`benchmarks.anchors`); ``full_steps``: for a pass of ``n`` steps, the full steps of our cache's schedule
+    (DeepCache's non-uniform one); ``per_seed``: our patch's decisions depend on the sample, so it samples seed by seed
+    (a batch would share them; the other caches' rules decide per seed inside a batch); ``family``: its colour in the
+    plot."""
 
     name: str
     label: str

@@ -184,9 +184,8 @@ class StepCache:
         inputs, middle, outputs = blocks
         b = settings.cache_branch
         self.entry_index = n - 1 - b
-        self.entry = block_layers(outputs[self.entry_index])[
-            0
-        ]  # the entry block's first layer: its input is the block's
+        # the entry block's first layer: its input is the block's
+        self.entry = block_layers(outputs[self.entry_index])[0]
         self.first = block_layers(inputs[0])[0]  # every pass through the blocks starts here
         skipped_blocks = [*inputs[b + 1 :], middle, *outputs[: self.entry_index]]
         self.skipped: list[nn.Module] = [layer for block in skipped_blocks for layer in block_layers(block)]
@@ -284,8 +283,8 @@ class StepCache:
         return record.deep and len(record.shapes) == len(self.skipped)
 
     def _pass_pre(self, module: nn.Module, args: tuple) -> None:
-        """A pass through the blocks begins (``input_blocks[0]``'s first layer): its record, and whether it is skipped — at a cached
-        call, when the full call had a complete pass of this number (else this pass runs in full)."""
+        """A pass through the blocks begins (``input_blocks[0]``'s first layer): its record, and whether it is
+        skipped — at a cached call, when the full call had a complete pass of this number (else it runs in full)."""
         stream, number = self._stream, self._passes
         self._passes += 1
         if stream is None:

@@ -83,9 +83,9 @@ def best_near(pts: list[Point], family: str, target: float) -> Point | None:
 
 
 def envelope_at(pts: list[Point], family: str, target: float) -> tuple[float, Point, Point] | None:
-    """The family's best PSNR at ``target`` on its frontier and the two frontier modes it comes from: the most
-    faithful mode at least that fast (twice), or the line between the two frontier modes around the target; None
-    where no mode is that fast."""
+    """The family's best PSNR at ``target`` on its frontier and the two frontier modes it comes from: the line
+    between the two frontier modes around the target, or, where none is slower, the most faithful mode at least that
+    fast (as both ends); None where no mode is that fast."""
     mine = [p for p in pts if p.family == family and p.psnr is not None]
     frontier = sorted(
         (p for p in mine if not any(o.speed >= p.speed and o.psnr > p.psnr for o in mine)), key=lambda p: p.speed
