@@ -116,19 +116,24 @@ def run_sampling(
     sigmas: list[float],
     sampler: str,
     on_step=None,
+    seeds: list[int] | None = None,
 ) -> tuple[torch.Tensor, list[dict[str, int]]]:
     """One sampling run of ``mode`` (applied afresh, removed after), seed by seed for a mode whose decisions depend on
-    the sample (``per_seed``); the samples and what their steps cost (:func:`step_counts`: one entry per run)."""
+    the sample (``per_seed``); the samples and what their steps cost (:func:`step_counts`: one entry per run).
+    ``seeds``: the images' seeds, for the noise of stochastic samplers (default 0, 1, …)."""
+    seeds = list(range(len(noise))) if seeds is None else seeds
     if mode.per_seed and len(noise) > 1 and on_step is None:
         runs = [
-            run_sampling(model, mode, noise[i : i + 1], labels[i : i + 1], sigmas, sampler) for i in range(len(noise))
+            run_sampling(model, mode, noise[i : i + 1], labels[i : i + 1], sigmas, sampler, seeds=seeds[i : i + 1])
+            for i in range(len(noise))
         ]
         return torch.cat([out for out, _ in runs]), [c for _, counts in runs for c in counts]
     applied = mode.apply(model.unet, len(sigmas) - 1)
     conditioning = S.batched(model.condition(labels), model.condition(torch.full_like(labels, -1)))
     progress = None if applied is None else (lambda i, steps: applied.set_progress(i / steps, steps))  # as the WebUI
     try:
-        out = S.sample(S.CFGDenoiser(model.unet, conditioning, CFG), noise, sigmas, sampler, progress, on_step)
+        denoiser = S.CFGDenoiser(model.unet, conditioning, CFG, integer=sampler == "ddim")
+        out = S.sample(denoiser, noise, sigmas, sampler, progress, on_step, seeds)
         return out, step_counts(applied)
     finally:
         modes_.PLAIN.apply(model.unet)

@@ -1,0 +1,83 @@
+"""The benchmark samplers (issue 27's table): each runs the WebUI's calls — its scheduler, its timesteps, its calls per
+step — and the ancestral and SDE samplers take each image's fresh noise from that image's seed alone."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from benchmarks import sampler as S
+
+
+class Recorder:
+    """A denoiser that predicts ``denoised = x / (sigma² + 1)`` (the data of a unit Gaussian) and records its calls."""
+
+    def __init__(self) -> None:
+        self.sigmas: list[float] = []
+
+    def eps(self, x: torch.Tensor, sigma: float) -> torch.Tensor:
+        return (x - self(x, sigma)) / sigma
+
+    def __call__(self, x: torch.Tensor, sigma: float) -> torch.Tensor:
+        self.sigmas.append(sigma)
+        return x / (sigma**2 + 1)
+
+
+def _noise(n: int = 3) -> torch.Tensor:
+    return torch.randn(n, 4, 8, 8, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("sampler", S.SAMPLERS)
+def test_every_sampler_calls_the_model_as_the_webui_does_and_reports_every_step(sampler):
+    model, progress = Recorder(), []
+    out = S.sample(model, _noise(), S.schedule(sampler, 20), sampler, lambda i, n: progress.append((i, n)))
+    calls = {"ddim": 19, "dpmpp_sde": 39}.get(sampler, 20)  # DDIM: one call fewer; DPM++ SDE: two per step but the last
+    assert len(model.sigmas) == calls and torch.isfinite(out).all()
+    assert progress == [(i, len(progress)) for i in range(len(progress))] and len(progress) in (19, 20)
+    assert 0.85 < float(out.std()) < 1.15
+
+
+@pytest.mark.parametrize("sampler", S.SAMPLERS)
+def test_every_sampler_converges_to_the_data_of_an_exact_denoiser(sampler):
+    # the data of that denoiser is a unit Gaussian: with 100 steps every sampler ends within 5 % of its spread
+    noise = torch.randn(64, 4, 8, 8, generator=torch.Generator().manual_seed(1))
+    out = S.sample(Recorder(), noise, S.schedule(sampler, 100), sampler)
+    assert 0.95 < float(out.std()) < 1.05
+
+
+def test_the_schedulers_are_the_webuis():
+    karras, exponential, discrete = S.schedule("dpmpp_2m", 20), S.schedule("dpmpp_2m_sde", 20), S.schedule("euler", 20)
+    assert karras == S.schedule("dpmpp_sde", 20) and len(karras) == len(exponential) == len(discrete) == 21
+    assert karras[-1] == exponential[-1] == discrete[-1] == 0.0
+    assert math.isclose(karras[0], discrete[0], rel_tol=1e-9) and math.isclose(
+        exponential[0], discrete[0], rel_tol=1e-9
+    )
+    logs = [math.log(s) for s in exponential[:-1]]
+    assert all(math.isclose(a - b, logs[0] - logs[1], rel_tol=1e-9) for a, b in itertools.pairwise(logs))
+    ddim = S.schedule("ddim", 20)
+    assert [round(S.sigma_to_t(s)) for s in ddim] == list(range(951, 0, -50))
+
+
+def test_ddim_passes_integer_timesteps():
+    seen = []
+    denoiser = S.CFGDenoiser(lambda x, t, **c: seen.append(t[0].item()) or torch.zeros_like(x), {}, 7.0, integer=True)
+    S.sample(denoiser, _noise(1), S.schedule("ddim", 20), "ddim")
+    assert seen == [float(t) for t in range(951, 1, -50)]
+
+
+@pytest.mark.parametrize("sampler", S.STOCHASTIC)
+def test_an_image_gets_the_same_fresh_noise_alone_or_in_a_batch_and_another_seed_other_noise(sampler):
+    noise, sigmas = _noise(3), S.schedule(sampler, 8)
+    batch = S.sample(Recorder(), noise, sigmas, sampler, noise_seeds=[10, 11, 12])
+    alone = S.sample(Recorder(), noise[1:2], sigmas, sampler, noise_seeds=[11])
+    other = S.sample(Recorder(), noise[1:2], sigmas, sampler, noise_seeds=[99])
+    assert torch.allclose(batch[1:2], alone, atol=1e-6)
+    assert not torch.allclose(alone, other, atol=1e-3)
+
+
+def test_an_unknown_sampler_is_named():
+    with pytest.raises(ValueError, match="'lms'"):
+        S.sample(Recorder(), _noise(), S.schedule("euler", 4), "lms")
