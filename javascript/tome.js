@@ -26,8 +26,8 @@
         "cache_start": "Cached steps may occur from this fraction of the sampling on; before it every step is full (the first step always is).",
         "cache_end": "Cached steps may occur until this fraction of the sampling; after it every step is full (the last step always is).",
         "hires_cache_interval": "Cache interval of the hires. fix pass; 0 (the default) uses the cache interval.",
-        "cache_forecast": "What cached steps use for the deep features. linear (the default): their extrapolation from the last two full steps in the sampler's time (more faithful at the same speed). off: the last full step's, unchanged (DeepCache).",
-        "cache_schedule": "uniform (the default): a full step every cache interval (DeepCache). adaptive: also a full step as soon as the UNet's input strays from its forecast by more than the cache threshold; the cache interval is then the longest run without one.",
+        "cache_forecast": "What cached steps use for the deep features. linear (the default): their extrapolation from the last two full steps in the sampler's time (more faithful at the same speed). calibrated: the same line, with the step's place on it read off the live shallow features (holds under Euler a and the SDE samplers, where linear loses). off: the last full step's, unchanged (DeepCache).",
+        "cache_schedule": "uniform (the default): a full step every cache interval (DeepCache). time: full steps spread evenly in the sampler's time (the same as uniform on the default schedule; under Karras and exponential schedules, as DPM++ uses, they go where the image forms). adaptive: also a full step as soon as the UNet's input strays from its forecast by more than the cache threshold; the cache interval is then the longest run without one.",
         "cache_threshold": "adaptive schedule only: how far (relative L1) the UNet's input may stray from its forecast before a full step; lower is more faithful and slower, 0 makes every step full."
     };
     function addTitles() {

@@ -42,7 +42,7 @@ def test_the_forecast_of_a_constant_is_the_constant_and_off_is_the_last_full_ste
         off.add(torch.tensor(t), a.clone())
     assert torch.equal(linear.predict(torch.tensor(100.0)), a)
     assert off.predict(torch.tensor(100.0)) is off.deep  # DeepCache: the features themselves, no arithmetic
-    assert off.slope is None and off.nbytes() == a.numel() * 4 and linear.nbytes() == 2 * a.numel() * 4
+    assert off.change is None and off.nbytes() == a.numel() * 4 and linear.nbytes() == 2 * a.numel() * 4
 
 
 def test_one_full_step_or_no_time_or_no_elapsed_time_gives_the_last_features():
@@ -62,7 +62,7 @@ def test_a_forecast_needs_features_of_one_shape():
     track = Track("linear")
     track.add(1.0, a)
     track.add(0.5, a[:1])  # the batch changed: start again from these features
-    assert track.slope is None and track.predict(0.25) is track.deep
+    assert track.change is None and track.predict(0.25) is track.deep
 
 
 @pytest.mark.parametrize("threshold", [0.0, 0.005, 0.05, 0.3, 1.0])

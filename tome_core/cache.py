@@ -251,14 +251,14 @@ class StepCache:
         same = stream is not None and stream.size == call.size and stream.batch == call.batch
         fits = same and bool(stream.passes) and all(self._complete(p) for p in stream.passes)
         since_full = call.step - stream.last_full if stream is not None else 0
-        if fits and stream.refresh.may_cache(call.step, call.progress, call.last, since_full, x, call.time):
+        if fits and stream.refresh.may_cache(call.step, call.progress, call.last, since_full, x, call.time, call.steps):
             self._begin_call(stream, cached=True)
             self._cached += 1
             self._count(call, full=False)
             return
         refresh, tracks = (stream.refresh, stream.tracks) if same else (self.refresh(self.settings), [])
         self._streams[key] = stream = _Stream(call.size, call.batch, call.step, refresh, tracks=tracks)
-        refresh.full(x, call.time)
+        refresh.full(x, call.time, call.progress)
         self._begin_call(stream, cached=False)
         self._full += 1
         self._count(call, full=True)
@@ -328,11 +328,11 @@ class StepCache:
         if not self.skipping:
             below = record.shapes.get(self._below)
             if not self._cached_call and below is not None and below[0][1] < x.shape[1] and track is not None:
-                track.add(self._time, x[:, : below[0][1]].clone())
+                track.add(self._time, x[:, : below[0][1]].clone(), x[:, below[0][1] :])
                 record.deep = True
             return None
         assert track is not None
-        deep = track.predict(self._time)
+        deep = track.predict(self._time, x[:, record.shapes[self._below][0][1] :])
         assert deep is not None
         if deep.shape[0] != x.shape[0] or deep.shape[2:] != x.shape[2:]:
             self._note("step cache: a cached step's features did not fit; that step's image may be off")

@@ -2,11 +2,24 @@
 from the last two full steps (``cache_forecast``).
 
 A :class:`Track` follows one stream's deep features across its full steps, each with the sampler time of its call (the
-UNet's timestep, kept as the tensor it came in, so that nothing is read back from the device). ``off`` returns the last
-full step's features themselves (bit-identical to DeepCache); ``linear`` extrapolates them in that time from the last
-two full steps, ``d + (t - t1) * (d1 - d0) / (t1 - t0)``: exact for features that move linearly in the sampler's time,
-whatever the spacing of the steps (Karras' uneven sigmas included), and the last features unchanged while only one full
-step is known (the first cached steps of a pass).
+UNet's timestep, kept as the tensor it came in, so that nothing is read back from the device) and, where the caller
+has them, the probe: features the cached steps compute live as well (the UNet's shallow skip connection into the first
+block a cached step runs again; a DiT's probe blocks). From the last full step's features ``d1`` and the change
+``d1 - d0`` since the full step before:
+
+* ``off``: ``d1`` itself (bit-identical to DeepCache);
+* ``linear``: ``d1 + a (d1 - d0)`` with ``a = (t - t1) / (t1 - t0)``, their extrapolation in the sampler's time: exact
+  for features that move linearly in it, whatever the spacing of the steps (Karras' uneven sigmas included);
+* ``calibrated``: the same line, but ``a`` is read off the probe, per image of the batch: the least-squares position
+  of the live probe ``p`` on the probe's own line, ``a = <p - p1, p1 - p0> / |p1 - p0|²``, kept within [0, 2] (FoCa's
+  "forecast, then calibrate", from its description, with the probe as the calibration). Where the sampler moves as
+  its times say, ``a`` is the time's; where it adds fresh noise (ancestral and SDE samplers), the probe's move is
+  partly off the line, ``a`` shrinks towards 0 and the forecast towards DeepCache's reuse, instead of extrapolating
+  the last step's noise. Without a probe it is ``linear``.
+
+While only one full step is known (the first cached steps of a pass) every forecast is ``d1``. The probe is taken on
+every 4th position per side (1/16 of it), so the calibration costs two dot products on a small tensor per cached
+step, and nothing is read back from the device.
 """
 
 from __future__ import annotations
@@ -18,9 +31,14 @@ from .settings import FORECAST_CHOICES
 Time = torch.Tensor | float | None
 """A call's sampler time: its timestep (a 0-d tensor on the UNet's device, or a number); None when unknown."""
 
+PROBE_STRIDE = 4
+"""The probe's stride per side (its last two dimensions)."""
+REACH = (0.0, 2.0)
+"""The calibrated forecast's bounds on ``a`` (a cached step lies at most two intervals past the last full one)."""
+
 
 class Track:
-    """One stream's deep features over its full steps, and their forecast at a cached step's time."""
+    """One stream's deep features over its full steps, and their forecast at a cached step (see the module)."""
 
     def __init__(self, forecast: str) -> None:
         if forecast not in FORECAST_CHOICES:
@@ -28,28 +46,56 @@ class Track:
         self.forecast = forecast
         self.time: torch.Tensor | None = None  # the last full step's time (0-d, float32, on the features' device)
         self.deep: torch.Tensor | None = None  # its deep features
-        self.slope: torch.Tensor | None = None  # their change per unit of time since the full step before (linear)
+        self.change: torch.Tensor | None = None  # their change since the full step before (not off)
+        self.span: torch.Tensor | None = None  # the time between those two full steps
+        self.probe: torch.Tensor | None = None  # the last full step's probe, subsampled (calibrated)
+        self.probe_change: torch.Tensor | None = None  # its change since the full step before
 
-    def add(self, time: Time, deep: torch.Tensor) -> None:
-        """A full step's deep features (a copy the caller no longer changes) at its sampler time."""
+    def add(self, time: Time, deep: torch.Tensor, probe: torch.Tensor | None = None) -> None:
+        """A full step's deep features (a copy the caller no longer changes) at its sampler time, with its probe."""
         now = _as_time(time, deep)
-        self.slope = None
-        if self.forecast == "linear" and now is not None and self.time is not None and self.deep.shape == deep.shape:
-            span = now - self.time
-            self.slope = (deep - self.deep) / span.where(span != 0, torch.inf)  # no time passed: no slope
-        self.time, self.deep = now, deep
+        probe = _subsample(probe) if self.forecast == "calibrated" and probe is not None else None
+        self.change = self.span = self.probe_change = None
+        if self.forecast != "off" and self.deep is not None and self.deep.shape == deep.shape:
+            self.change = deep - self.deep
+            if now is not None and self.time is not None:
+                self.span = now - self.time
+            if probe is not None and self.probe is not None and self.probe.shape == probe.shape:
+                self.probe_change = probe - self.probe
+        self.time, self.deep, self.probe = now, deep, probe
 
-    def predict(self, time: Time) -> torch.Tensor | None:
-        """The deep features for a cached step at ``time``: the last full step's (``off``, no slope yet, or no time),
-        else their linear forecast; None before any full step."""
-        now = None if self.deep is None else _as_time(time, self.deep)
-        if self.slope is None or now is None:
+    def predict(self, time: Time, probe: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The deep features for a cached step at ``time`` (with its live ``probe``); None before any full step."""
+        if self.change is None:
             return self.deep
-        return self.deep + self.slope * (now - self.time)
+        if self.probe_change is not None and probe is not None and probe.shape[-2:] == self.deep.shape[-2:]:
+            live = _subsample(probe)
+            if live.shape == self.probe.shape:
+                return self.deep + _position(live - self.probe, self.probe_change) * self.change
+        now = None if self.span is None else _as_time(time, self.deep)
+        if now is None:
+            return self.deep
+        a = (now - self.time) / self.span.where(self.span != 0, torch.inf)  # no time passed: no slope
+        return self.deep + a * self.change
 
     def nbytes(self) -> int:
-        """Bytes held (the last deep features and, for ``linear``, their slope)."""
-        return sum(t.numel() * t.element_size() for t in (self.deep, self.slope) if t is not None)
+        """Bytes held: the last deep features, their change and (calibrated) the subsampled probe and its change."""
+        held = (self.deep, self.change, self.probe, self.probe_change)
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
+
+
+def _subsample(x: torch.Tensor) -> torch.Tensor:
+    return x[..., ::PROBE_STRIDE, ::PROBE_STRIDE].float()
+
+
+def _position(moved: torch.Tensor, line: torch.Tensor) -> torch.Tensor:
+    """Per image (first dimension), the least-squares ``a`` of ``moved ≈ a * line``, within :data:`REACH` (0 where
+    the line has no length), shaped to broadcast over that image's features."""
+    dims = tuple(range(1, moved.dim()))
+    along = (moved * line).sum(dims)
+    length = (line * line).sum(dims)
+    a = (along / length.where(length > 0, torch.inf)).clamp(*REACH)
+    return a.reshape(-1, *[1] * (moved.dim() - 1))
 
 
 def _as_time(time: Time, like: torch.Tensor) -> torch.Tensor | None:

@@ -1,9 +1,17 @@
 """When a stream of UNet calls runs a full step and when a cached one (``cache_schedule``).
 
-Both schedules keep DeepCache's guard rails: the first and the last step of a pass are full, and so is every step
+The schedules keep DeepCache's guard rails: the first and the last step of a pass are full, and so is every step
 outside ``cache_start <= progress < cache_end``; and a stream never goes ``cache_interval`` steps without a full one.
 
 * ``uniform`` (DeepCache's): inside those rails every step is cached, so full steps fall at 0, N, 2N, … .
+* ``time``: full steps spread evenly in the sampler's time instead of in steps: a step is cached while the sampler
+  time since the stream's last full step is below ``cache_interval`` average steps' worth (the time from the stream's
+  first full step down to 0, over its steps), and a full step at least every ``2 × cache_interval - 1`` steps. At an even
+  spacing of the timesteps (Euler, Euler a, DDIM and UniPC on the WebUI's default schedule) this is the uniform
+  schedule; under Karras' and the exponential sigmas, which cross the middle of the trajectory (where the image
+  forms) in steps twice as long in time and its ends in short ones, it puts the full steps where the time goes, in
+  no more of them. It needs the pass's step count and the call's timestep (read back as a number, once per call);
+  without them it is the uniform schedule.
 * ``adaptive``: a step is also full when the UNet's input has moved away from where the stream expected it by more
   than ``cache_threshold``: the relative L1 distance between the call's input and its forecast from the stream's last
   full steps (the same forecast the deep features get, :class:`tome_core.forecast.Track`: linear in the sampler's time,
@@ -24,14 +32,17 @@ SUBSAMPLE = 4
 """The signal's stride per side over the latent (1/16 of its pixels)."""
 
 
-def may_cache(settings: ToMeSettings, step: int, progress: float | None, last: bool, since_full: int) -> bool:
+def may_cache(
+    settings: ToMeSettings, step: int, progress: float | None, last: bool, since_full: int, interval: int | None = None
+) -> bool:
     """The guard rails: whether a step may be cached at all — not the pass's first or last, inside ``cache_start <=
-    progress < cache_end``, and fewer than ``cache_interval`` steps since the stream's last full step."""
+    progress < cache_end``, and fewer than ``interval`` (default ``cache_interval``) steps since the stream's last
+    full step."""
     if step == 0 or last or progress is None:
         return False
     if not settings.cache_start <= progress < settings.cache_end:
         return False
-    return since_full < settings.cache_interval
+    return since_full < (settings.cache_interval if interval is None else interval)
 
 
 def uniform_plan(settings: ToMeSettings, steps: int) -> list[bool]:
@@ -51,14 +62,32 @@ class Refresh:
     def __init__(self, settings: ToMeSettings) -> None:
         self.settings = settings
         self.adaptive = settings.cache_schedule == "adaptive"
+        self.timed = settings.cache_schedule == "time"
         self._inputs = Track(settings.cache_forecast) if self.adaptive else None
+        self._start: tuple[float, float] | None = None  # time: the progress and time of the stream's first full step
+        self._last_time: float | None = None  # time: the sampler time of its last full step
         self.last_signal: float | None = None  # the adaptive signal of the last candidate (for reports and tests)
 
     def may_cache(
-        self, step: int, progress: float | None, last: bool, since_full: int, x: torch.Tensor | None, time: Time
+        self,
+        step: int,
+        progress: float | None,
+        last: bool,
+        since_full: int,
+        x: torch.Tensor | None,
+        time: Time,
+        steps: int | None = None,
     ) -> bool:
-        """Whether this call may be cached: the guard rails, then (adaptive) the input's distance from its forecast."""
+        """Whether this call may be cached: the guard rails, then (time) the sampler time since the last full step, or
+        (adaptive) the input's distance from its forecast. ``steps``: the pass's step count, if known."""
         self.last_signal = None
+        if self.timed and self._start is not None and self._last_time is not None and steps and time is not None:
+            first, start = self._start
+            interval = 2 * self.settings.cache_interval - 1
+            if not may_cache(self.settings, step, progress, last, since_full, interval):
+                return False
+            average = start / max(steps * (1 - first), 1)  # the stream's time per step, down to 0
+            return self._last_time - float(time) < self.settings.cache_interval * average
         if not may_cache(self.settings, step, progress, last, since_full):
             return False
         if self._inputs is None:
@@ -69,8 +98,12 @@ class Refresh:
         self.last_signal = _relative_l1(_signal(x), expected)
         return self.last_signal < self.settings.cache_threshold
 
-    def full(self, x: torch.Tensor | None, time: Time) -> None:
-        """The stream ran a full step on ``x`` at ``time``."""
+    def full(self, x: torch.Tensor | None, time: Time, progress: float | None = None) -> None:
+        """The stream ran a full step on ``x`` at ``time`` (``progress``: of the pass, if reported)."""
+        if self.timed:
+            self._last_time = None if time is None else float(time)
+            if self._start is None and self._last_time is not None and progress is not None:
+                self._start = (progress, self._last_time)
         if self._inputs is not None and _usable(x):
             self._inputs.add(time, _signal(x).clone())
 

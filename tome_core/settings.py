@@ -15,8 +15,8 @@ from typing import Any, Literal
 MaxDownsample = int | Literal["auto"]
 DOWNSAMPLE_CHOICES: tuple[str, ...] = ("1", "2", "4", "8", "auto")
 METHOD_CHOICES: tuple[str, ...] = ("merge", "downsample")
-FORECAST_CHOICES: tuple[str, ...] = ("off", "linear")
-SCHEDULE_CHOICES: tuple[str, ...] = ("uniform", "adaptive")
+FORECAST_CHOICES: tuple[str, ...] = ("off", "linear", "calibrated")
+SCHEDULE_CHOICES: tuple[str, ...] = ("uniform", "adaptive", "time")
 
 
 class SettingsError(ValueError):
@@ -323,7 +323,7 @@ class ToMeSettings:
         label="Cache forecast",
         infotext="ToMe cache forecast",
         choices=FORECAST_CHOICES,
-        hint="What cached steps use for the deep features. linear (the default): their extrapolation from the last two full steps in the sampler's time (more faithful at the same speed). off: the last full step's, unchanged (DeepCache).",
+        hint="What cached steps use for the deep features. linear (the default): their extrapolation from the last two full steps in the sampler's time (more faithful at the same speed). calibrated: the same line, with the step's place on it read off the live shallow features (holds under Euler a and the SDE samplers, where linear loses). off: the last full step's, unchanged (DeepCache).",
     )
     cache_schedule: str = _spec(
         "uniform",
@@ -331,7 +331,7 @@ class ToMeSettings:
         label="Cache schedule",
         infotext="ToMe cache schedule",
         choices=SCHEDULE_CHOICES,
-        hint="uniform (the default): a full step every cache interval (DeepCache). adaptive: also a full step as soon as the UNet's input strays from its forecast by more than the cache threshold; the cache interval is then the longest run without one.",
+        hint="uniform (the default): a full step every cache interval (DeepCache). time: full steps spread evenly in the sampler's time (the same as uniform on the default schedule; under Karras and exponential schedules, as DPM++ uses, they go where the image forms). adaptive: also a full step as soon as the UNet's input strays from its forecast by more than the cache threshold; the cache interval is then the longest run without one.",
     )
     cache_threshold: float = _spec(
         0.08,

@@ -1,0 +1,174 @@
+"""The step cache under the WebUI's samplers (``python -m benchmarks.samplers``): DeepCache, our forecasts and schedules
+at N = 2, 3, 4, on the trained models, PSNR of the final sample against plain's, paired by seed.
+
+For each layout and sampler of :data:`benchmarks.sampler.SAMPLERS` (20 steps, CFG 7, on the scheduler the WebUI
+gives it, timesteps as the WebUI passes them), plain runs once and every mode of :data:`FORECASTS` at every interval
+samples the same seeds from the same noise (the ancestral and SDE samplers' fresh noise from each image's own
+generator). Reported per cell: the mean PSNR with its bootstrap 95 % interval, the per-seed spread (5th–95th
+percentile) and the full steps a pass ran (out of 20). ``--resume`` keeps the cells of the saved run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from benchmarks import modes as M
+from benchmarks import sampler as S
+from benchmarks.fidelity import benchmark as B
+from benchmarks.fidelity.loading import load_model
+from benchmarks.fidelity.metrics import bootstrap, psnr_ssim
+from benchmarks.results import load_run_data, save_run_data, write_section
+
+BEGIN, END = "<!-- samplers:begin -->", "<!-- samplers:end -->"
+STEPS = 20
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """One column family of the table: a forecast and a schedule of our cache."""
+
+    name: str
+    label: str
+    forecast: str
+    schedule: str
+
+
+FORECASTS = (
+    Forecast("deepcache", "DeepCache (off, uniform)", "off", "uniform"),
+    Forecast("linear", "linear, uniform (issue 23's default)", "linear", "uniform"),
+    Forecast("calibrated", "calibrated, uniform", "calibrated", "uniform"),
+    Forecast("calibrated-time", "calibrated, time", "calibrated", "time"),
+)
+INTERVALS = (2, 3, 4)
+
+
+def mode(forecast: Forecast, interval: int) -> M.Mode:
+    base = M.cached(M.PLAIN, interval, forecast=forecast.forecast)
+    name = f"{forecast.name}-{interval}"
+    return replace(base, name=name, settings={**base.settings, "cache_schedule": forecast.schedule})
+
+
+def cell(psnr: np.ndarray, full: int) -> dict:
+    mean = bootstrap(psnr)
+    return {
+        "psnr": mean.to_json(),
+        "p5": float(np.percentile(psnr, 5)),
+        "p95": float(np.percentile(psnr, 95)),
+        "full": full,
+    }
+
+
+def run_layout(layout: str, samplers: tuple[str, ...], seeds: int, intervals, forecasts, done: dict, save, log) -> dict:
+    model = load_model(layout)
+    seed_range = range(seeds)
+    noise = B.noise_for(seed_range, model.size, model.channels)
+    labels = B.labels_for(seed_range, len(model.classes))
+    out = done
+    for sampler in samplers:
+        row = out.setdefault(sampler, {})
+        wanted = [mode(f, n) for f in forecasts for n in intervals]
+        if all(m.name in row for m in wanted):
+            continue
+        sigmas = S.schedule(sampler, STEPS)
+        start = time.perf_counter()
+        plain, _ = B.run_sampling(model, M.PLAIN, noise, labels, sigmas, sampler)
+        log(f"{layout} {S.LABELS[sampler]}: plain {time.perf_counter() - start:.0f} s")
+        for m in wanted:
+            if m.name in row:
+                continue
+            start = time.perf_counter()
+            samples, counts = B.run_sampling(model, m, noise, labels, sigmas, sampler)
+            psnr, _ = psnr_ssim(samples, plain)
+            row[m.name] = cell(psnr, counts[0]["full"] if counts else STEPS)
+            log(f"{layout} {S.LABELS[sampler]}: {m.name} {row[m.name]['psnr'][0]:.1f} dB, {row[m.name]['full']} full")
+            log(f"  ({time.perf_counter() - start:.0f} s)")
+            save()
+    return out
+
+
+def section(data: dict, meta: dict) -> str:
+    lines = [
+        BEGIN,
+        "## The step cache under the WebUI's samplers (`python -m benchmarks.samplers`)",
+        "",
+        f"Trained models (`benchmarks/fidelity/weights/`), {STEPS} steps, CFG 7, each sampler on the WebUI's scheduler "
+        "for it; PSNR (dB) of the final sample against plain's, paired by seed: mean [bootstrap 95 %], per-seed "
+        "spread 5th–95th percentile, and the full steps of a pass (of 20; a DPM++ SDE step calls the UNet twice, each "
+        "call a stream of its own). Forecasts and schedules: `off` + `uniform` is DeepCache; `linear` + `uniform` was "
+        "the default before this run; `calibrated` reads the forecast's position off the live skip connection; "
+        "`time` spreads the full steps evenly in the sampler's time.",
+        "",
+    ]
+    for layout, per_sampler in data.items():
+        m = meta["layouts"][layout]
+        lines += [f"### {B.LAYOUT_NAMES[layout]} ({m['seeds']} seeds, {m['minutes']:.0f} min, 1 torch thread)", ""]
+        intervals = sorted({int(k.rsplit("-", 1)[1]) for row in per_sampler.values() for k in row})
+        names = [
+            f.name for f in FORECASTS if any(f"{f.name}-{n}" in row for row in per_sampler.values() for n in intervals)
+        ]
+        head = "| sampler | N | " + " | ".join(f.label for f in FORECASTS if f.name in names) + " |"
+        lines += [head, "|" + "---|" * (2 + len(names))]
+        for sampler, row in per_sampler.items():
+            for n in intervals:
+                cells = []
+                for name in names:
+                    c = row.get(f"{name}-{n}")
+                    if c is None:
+                        cells.append("—")
+                        continue
+                    mean, lo, hi = c["psnr"]
+                    cells.append(f"{mean:.1f} [{lo:.1f}, {hi:.1f}] ({c['p5']:.1f}–{c['p95']:.1f}), {c['full']} full")
+                lines.append(f"| {S.LABELS[sampler]} | {n} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layout", choices=("sd15", "sdxl"), default="sd15")
+    parser.add_argument("--seeds", type=int, default=64)
+    parser.add_argument("--samplers", default=",".join(S.SAMPLERS))
+    parser.add_argument("--intervals", default=",".join(map(str, INTERVALS)))
+    parser.add_argument("--forecasts", default=",".join(f.name for f in FORECASTS))
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--render", action="store_true", help="only write the RESULTS.md section from the saved runs")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    name = f"samplers-{args.layout}"
+    if args.render:
+        return render()
+    data, meta = load_run_data(name) if args.resume else ({}, {})
+    before = meta.get("seconds", 0.0)
+    start = time.perf_counter()
+    forecasts = [f for f in FORECASTS if f.name in args.forecasts.split(",")]
+    intervals = tuple(int(n) for n in args.intervals.split(","))
+
+    def save() -> None:
+        seconds = before + time.perf_counter() - start
+        save_run_data(name, data, {"seeds": args.seeds, "seconds": round(seconds, 1), "layout": args.layout})
+
+    run_layout(args.layout, tuple(args.samplers.split(",")), args.seeds, intervals, forecasts, data, save, print)
+    save()
+    render()
+
+
+def render() -> None:
+    data, meta = {}, {"layouts": {}}
+    for layout in ("sd15", "sdxl"):
+        try:
+            results, m = load_run_data(f"samplers-{layout}")
+        except FileNotFoundError:
+            continue
+        data[layout] = results
+        meta["layouts"][layout] = {"seeds": m["seeds"], "minutes": m["seconds"] / 60}
+    write_section(section(data, meta), BEGIN, END)
+
+
+if __name__ == "__main__":
+    main()
