@@ -15,6 +15,9 @@ rounds (process CPU time, medians):
 * ``spectrum``: Spectrum's forecast of the output (a ridge fit of Chebyshev polynomials over 8 computed steps);
 * ``forecast``: our linear forecast of the deep features on a cached step (``d + slope * dt`` at branch 0), and
   ``slope``: its update on a full step;
+* ``calibrated``: the calibrated forecast on a cached step (the live skip connection subsampled, its position on the
+  probe's line per image, ``d + a * change``), and ``calibration``: its update on a full step (the change of the deep
+  features and of the subsampled probe);
 * ``signal``: our adaptive schedule's decision (the input's relative L1 distance from its forecast, on 1/16 of it).
 
 Only the modules measured are built (the rest of the UNet stays on the meta device): the costs depend on the
@@ -40,7 +43,7 @@ from tome_core.forecast import Track
 BEGIN, END = "<!-- cache-costs:begin -->", "<!-- cache-costs:end -->"
 REAL = (Config("sd15", 1024, 320, 2, True), Config("sdxl", 1024, 320, 1, True))
 QUICK = (Config("sd15", 128, 32, 1), Config("sdxl", 128, 32, 1))
-KINDS = ("first", "skip", "spectrum", "forecast", "slope", "signal")
+KINDS = ("first", "skip", "spectrum", "forecast", "slope", "calibrated", "calibration", "signal")
 
 
 @dataclass
@@ -50,8 +53,9 @@ class ExtraCosts:
     config: dict
     seconds: dict[str, list[float]] = field(default_factory=dict)
 
-    def cost(self, kind: str) -> float:
-        return statistics.median(self.seconds[kind])
+    def cost(self, kind: str) -> float | None:
+        """The median seconds of ``kind``; None where the run did not measure it (an older run)."""
+        return statistics.median(self.seconds[kind]) if kind in self.seconds else None
 
 
 def _first_blocks(config: Config) -> torch.nn.Module:
@@ -83,9 +87,11 @@ def measure(config: Config, rounds: int, log) -> ExtraCosts:
     rule.unet, rule.step, rule.steps = unet, 5, 20
     rule.reference, rule.residual = None, torch.randn_like(x)
     deep = [torch.randn(batch, config.channels, side, side, generator=gen) for _ in range(3)]
-    track, inputs = Track("linear"), Track("linear")
+    skips = [torch.randn_like(d) for d in deep]  # branch 0: input block 0's output, as wide as the deep features
+    track, inputs, calibrated = Track("linear"), Track("linear"), Track("calibrated")
     for i, d in enumerate(deep[:2]):
         track.add(torch.tensor(900.0 - 100 * i), d)
+        calibrated.add(torch.tensor(900.0 - 100 * i), d, skips[i])
         inputs.add(torch.tensor(900.0 - 100 * i), x[..., :: schedule.SUBSAMPLE, :: schedule.SUBSAMPLE].clone())
     spectrum = anchors.Spectrum()
     spectrum.steps = 20
@@ -109,12 +115,19 @@ def measure(config: Config, rounds: int, log) -> ExtraCosts:
         fresh.time, fresh.deep = torch.tensor(800.0), deep[0]
         fresh.add(torch.tensor(700.0), deep[2])  # what a full step adds: the slope from the one before
 
+    def calibration() -> None:
+        fresh = Track("calibrated")
+        fresh.time, fresh.deep, fresh.probe = torch.tensor(800.0), deep[0], calibrated.probe
+        fresh.add(torch.tensor(700.0), deep[2], skips[2])  # the changes of the features and of the probe
+
     work = {
         "first": first,
         "skip": skip,
         "spectrum": lambda: spectrum._forecast(9),
         "forecast": lambda: track.predict(torch.tensor(700.0)),
         "slope": slope,
+        "calibrated": lambda: calibrated.predict(torch.tensor(700.0), skips[2]),
+        "calibration": calibration,
         "signal": lambda: schedule._relative_l1(
             x[..., :: schedule.SUBSAMPLE, :: schedule.SUBSAMPLE].float(), inputs.predict(torch.tensor(700.0))
         ),
@@ -148,7 +161,10 @@ def section(results: list[ExtraCosts], meta: dict, full: dict[str, float]) -> st
     for r in results:
         name = Config(**r.config).name
         base = full.get(name)
-        cells = [f"{r.cost(k):.4f} s" + (f" ({r.cost(k) / base:.4f})" if base else "") for k in KINDS]
+        cells = [
+            "—" if r.cost(k) is None else f"{r.cost(k):.4f} s" + (f" ({r.cost(k) / base:.4f})" if base else "")
+            for k in KINDS
+        ]
         lines.append(f"| {name}, batch {r.config['batch']} | " + " | ".join(cells) + " |")
     return "\n".join([*lines, END])
 

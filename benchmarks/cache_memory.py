@@ -3,8 +3,8 @@ cache on, against one that runs plain full steps (``python -m benchmarks.cache_m
 
 Each variant runs in a fresh process (peak RSS only grows), builds the same real-width UNet, warms it up with one
 plain forward and then runs: plain, two unpatched steps; cache (DeepCache), the cache's first (full) step, which
-stores the deep features, and the cached step after it; linear (the default forecast), five steps, the last cached one
-forecast from the two full ones. The difference of the peaks is what the cache adds per cond/uncond chunk, next to
+stores the deep features, and the cached step after it; linear and calibrated (the forecasts), five steps each, the last
+cached one forecast from the two full ones. The difference of the peaks is what the cache adds per cond/uncond chunk, next to
 the exact bytes of what it holds. On CUDA, ``benchmarks.cache`` reports the peak
 allocated memory per variant instead.
 """
@@ -30,9 +30,9 @@ CONFIGS = (Config("sd15", 512, 320, 2, True),)
 """At 512 px a forward costs 15 s of CPU; each variant runs three (the 1024 px variants would take ten minutes)."""
 
 
-VARIANTS = ("plain", "cache", "linear")
+VARIANTS = ("plain", "cache", "linear", "calibrated")
 """plain: three unpatched forwards; cache (DeepCache, ``cache_forecast`` off): its full step and a cached one; linear
-(the default forecast): five steps, full at 0 and 3: the last cached one forecasts from both."""
+and calibrated (the forecasts): five steps, full at 0 and 3: the last cached one forecasts from both."""
 
 
 def child(variant: str, config: Config) -> dict:
@@ -47,19 +47,19 @@ def child(variant: str, config: Config) -> dict:
             unet(x, t, **cond)
             unet(x, t, **cond)
         else:
-            forecast = "off" if variant == "cache" else "linear"
+            forecast = "off" if variant == "cache" else variant
             settings = tome_core.ToMeSettings(
                 enabled=True, ratio=0.0, cache=True, cache_interval=3, cache_forecast=forecast
             )
             patch = tome_core.apply_settings(unet, settings)
             try:
-                # the full step that fills the cache and a cached one; linear: full, two cached, full, then a cached
-                # one that forecasts from both full steps
+                # the full step that fills the cache and a cached one; the forecasts: full, two cached, full, then a
+                # cached one that forecasts from both full steps
                 steps = 2 if variant == "cache" else 5
                 for step in range(steps):
                     patch.set_progress(step / STEPS, STEPS)
                     unet(x, t * (1 - step / STEPS), **cond)
-                assert patch.report().cache.cached == steps - 1 - (variant == "linear")
+                assert patch.report().cache.cached == steps - 1 - (variant != "cache")
                 held = patch.cache.cached_bytes()
             finally:
                 patch.remove()
@@ -82,13 +82,14 @@ def section(rows: list[tuple[Config, dict]], meta: dict) -> str:
         f"CPU, float32, torch {meta['torch']}; run finished {meta['finished']}. Peak RSS of a fresh process that "
         "builds the real-width UNet, warms it up and runs two plain steps, against one that runs the cache's full "
         "step and the cached step after it (cache alone, N=3, branch 0, `cache_forecast` off: DeepCache), and one "
-        "with the linear forecast (the default) that runs two full steps and a cached step forecast from both. The "
-        "difference is what the cache adds for one cond/uncond chunk; *held* is the exact size of what it keeps "
-        "between steps (the deep features; with the linear forecast also their slope).",
+        "with the linear and with the calibrated forecast, each running two full steps and a cached step forecast "
+        "from both. The difference is what the cache adds for one cond/uncond chunk; *held* is the exact size of what "
+        "it keeps between steps (the deep features; with a forecast also their change; calibrated: the subsampled "
+        "skip connection and its change as well).",
         "",
         "| configuration | peak RSS, plain MiB | DeepCache: peak, difference, held MiB | linear forecast: peak, "
-        "difference, held MiB |",
-        "|---|---:|---:|---:|",
+        "difference, held MiB | calibrated forecast: peak, difference, held MiB |",
+        "|---|---:|---:|---:|---:|",
     ]
     for config, r in rows:
         plain = r["plain"]["peak_rss"]

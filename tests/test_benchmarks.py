@@ -217,6 +217,8 @@ def test_cache_memory_measures_every_variant_and_the_exact_features_held():
     r = {v: cache_memory.child(v, config) for v in cache_memory.VARIANTS}
     chunk = 32 * 16 * 16 * 4  # branch 0: model_channels at the latent size, float32
     assert r["plain"]["held"] == 0 and r["cache"]["held"] == chunk and r["linear"]["held"] == 2 * chunk  # + slope
+    probe = 32 * 4 * 4 * 4  # the skip connection on every 4th pixel per side
+    assert r["calibrated"]["held"] == 2 * chunk + 2 * probe  # + the probe and its change
     assert all(v["peak_rss"] > 0 for v in r.values())
     text = cache_memory.section([(config, r)], {"torch": "x", "finished": "now"})
     assert "| SD1.5 128 px, batch 1 |" in text and text.startswith(cache_memory.BEGIN)
