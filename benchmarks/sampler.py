@@ -26,10 +26,11 @@ import torch
 
 TIMESTEPS = 1000
 BETA_START, BETA_END = 0.00085, 0.012  # SD's scaled-linear schedule (v1-inference.yaml)
-SAMPLERS = ("euler", "dpmpp_2m", "euler_a", "dpmpp_sde", "dpmpp_2m_sde", "unipc", "ddim")
+SAMPLERS = ("euler", "dpmpp_2m", "euler_a", "dpmpp_sde", "dpmpp_2m_sde", "unipc", "ddim", "dpmpp_2m_comfy")
 LABELS = {
     "euler": "Euler",
     "dpmpp_2m": "DPM++ 2M Karras",
+    "dpmpp_2m_comfy": "DPM++ 2M Karras, ComfyUI's timesteps",
     "euler_a": "Euler a",
     "dpmpp_sde": "DPM++ SDE Karras",
     "dpmpp_2m_sde": "DPM++ 2M SDE",
@@ -38,6 +39,10 @@ LABELS = {
 }
 STOCHASTIC = ("euler_a", "dpmpp_sde", "dpmpp_2m_sde")
 """The samplers that add fresh noise at every step."""
+INTEGER = ("ddim", "unipc", "dpmpp_2m_comfy")
+"""The samplers whose UNet calls get integer timesteps: A1111's DDIM and UniPC, and DPM++ 2M as ComfyUI runs it
+(``ModelSamplingDiscrete.timestep``: the nearest of the schedule's timesteps in log-sigma, where the WebUI's
+k-diffusion denoiser passes the fractional one)."""
 
 
 @functools.cache
@@ -114,7 +119,7 @@ def ddim_sigmas(steps: int) -> list[float]:
 def schedule(sampler: str, steps: int) -> list[float]:
     """The sigmas ``sampler`` runs on in the WebUI: Karras for DPM++ 2M and DPM++ SDE, exponential for DPM++ 2M SDE,
     DDIM's own, else the discrete default (UniPC: the same, it runs on the timesteps)."""
-    if sampler in ("dpmpp_2m", "dpmpp_sde"):
+    if sampler in ("dpmpp_2m", "dpmpp_sde", "dpmpp_2m_comfy"):
         return karras_sigmas(steps)
     if sampler == "dpmpp_2m_sde":
         return exponential_sigmas(steps)

@@ -61,11 +61,17 @@ def test_the_schedulers_are_the_webuis():
     assert [round(S.sigma_to_t(s)) for s in ddim] == list(range(951, 0, -50))
 
 
-def test_ddim_passes_integer_timesteps():
-    seen = []
-    denoiser = S.CFGDenoiser(lambda x, t, **c: seen.append(t[0].item()) or torch.zeros_like(x), {}, 7.0, integer=True)
-    S.sample(denoiser, _noise(1), S.schedule("ddim", 20), "ddim")
-    assert seen == [float(t) for t in range(951, 1, -50)]
+def test_ddim_passes_integer_timesteps_and_comfyuis_dpmpp_the_nearest_integer_to_the_webuis():
+    def timesteps(sampler: str, integer: bool) -> list[float]:
+        seen = []
+        unet = lambda x, t, **c: seen.append(t[0].item()) or torch.zeros_like(x)  # noqa: E731
+        S.sample(S.CFGDenoiser(unet, {}, 7.0, integer=integer), _noise(1), S.schedule(sampler, 20), sampler)
+        return seen
+
+    assert "ddim" in S.INTEGER and timesteps("ddim", True) == [float(t) for t in range(951, 1, -50)]
+    webui, comfy = timesteps("dpmpp_2m", False), timesteps("dpmpp_2m_comfy", True)
+    assert "dpmpp_2m_comfy" in S.INTEGER and "dpmpp_2m" not in S.INTEGER
+    assert comfy == [float(round(t)) for t in webui] and comfy != webui
 
 
 @pytest.mark.parametrize("sampler", S.STOCHASTIC)

@@ -132,7 +132,7 @@ def run_sampling(
     conditioning = S.batched(model.condition(labels), model.condition(torch.full_like(labels, -1)))
     progress = None if applied is None else (lambda i, steps: applied.set_progress(i / steps, steps))  # as the WebUI
     try:
-        denoiser = S.CFGDenoiser(model.unet, conditioning, CFG, integer=sampler == "ddim")
+        denoiser = S.CFGDenoiser(model.unet, conditioning, CFG, integer=sampler in S.INTEGER)
         out = S.sample(denoiser, noise, sigmas, sampler, progress, on_step, seeds)
         return out, step_counts(applied)
     finally:
