@@ -329,10 +329,10 @@ class FixedSteps:
     def __call__(self, settings: ToMeSettings) -> FixedSteps:
         return self
 
-    def may_cache(self, step: int, progress, last: bool, since_full: int, x, time: Time, steps=None) -> bool:
+    def may_cache(self, step, progress, last: bool, since_full, x, time: Time, steps=None, step_time=None) -> bool:
         return step not in self.full_steps and not last and step > 0
 
-    def full(self, x, time: Time, progress=None) -> None:
+    def full(self, x, time: Time, progress=None, step_time=None) -> None:
         pass
 
     def tracks(self) -> tuple:

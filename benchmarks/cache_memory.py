@@ -49,7 +49,7 @@ def child(variant: str, config: Config) -> dict:
         else:
             forecast = "off" if variant == "cache" else variant
             settings = tome_core.ToMeSettings(
-                enabled=True, ratio=0.0, cache=True, cache_interval=3, cache_forecast=forecast
+                enabled=True, ratio=0.0, cache=True, cache_interval=3, cache_forecast=forecast, cache_schedule="uniform"
             )
             patch = tome_core.apply_settings(unet, settings)
             try:

@@ -5,7 +5,8 @@ level only; :mod:`benchmarks.comfy_builtin`), our settings records, and the cach
 
 A mode is applied to a bare UNet for one sampling run (re-applied for the next: plan reuse starts afresh); our
 modes start from the extension's defaults (``ToMeSettings()``) and change only what their name says, except that
-DeepCache's modes (``cache-N``) pin ``cache_forecast`` to off: they are the DeepCache of the earlier runs.
+DeepCache's modes (``cache-N``) pin ``cache_forecast`` to off, and every cached mode of :func:`cached` pins
+``cache_schedule`` to uniform unless its name says adaptive: they are the modes of the earlier runs.
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ def cached(
     what = f"cache {what}" + (f" from {start:.0%}" if start else "") + (f", {forecast} forecast" if suffix else "")
     label = f"ours: {what}" + ("" if mode is PLAIN else f" + {mode.label.removeprefix('ours: ')}")
     settings = {**base, "cache": True, "cache_interval": interval, "cache_start": start, "cache_forecast": forecast}
+    settings["cache_schedule"] = "uniform"  # the runs before the time schedule became the default (issue 27)
     if threshold is not None:
         settings |= {"cache_schedule": "adaptive", "cache_threshold": threshold}
     family = "deepcache" if forecast == "off" else "ours"

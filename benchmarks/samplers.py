@@ -22,7 +22,7 @@ from benchmarks import sampler as S
 from benchmarks.fidelity import benchmark as B
 from benchmarks.fidelity.loading import load_model
 from benchmarks.fidelity.metrics import bootstrap, psnr_ssim
-from benchmarks.results import load_run_data, save_run_data, write_section
+from benchmarks.results import RUNS, load_run_data, save_run_data, write_section
 
 BEGIN, END = "<!-- samplers:begin -->", "<!-- samplers:end -->"
 STEPS = 20
@@ -137,10 +137,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--intervals", default=",".join(map(str, INTERVALS)))
     parser.add_argument("--forecasts", default=",".join(f.name for f in FORECASTS))
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--part", default="", help="a name for this part of the run (runs side by side, merged)")
     parser.add_argument("--render", action="store_true", help="only write the RESULTS.md section from the saved runs")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    name = f"samplers-{args.layout}"
+    name = f"samplers-{args.layout}" + (f"-{args.part}" if args.part else "")
     if args.render:
         return render()
     data, meta = load_run_data(name) if args.resume else ({}, {})
@@ -159,14 +160,22 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def render() -> None:
+    """The section from every saved part of the run (``samplers-<layout>[-<part>].json``), samplers in table order."""
     data, meta = {}, {"layouts": {}}
     for layout in ("sd15", "sdxl"):
-        try:
-            results, m = load_run_data(f"samplers-{layout}")
-        except FileNotFoundError:
+        main = f"samplers-{layout}"
+        paths = sorted(RUNS.glob(f"{main}*.json"), key=lambda p: (p.stem != main, p.stem))  # the main part first
+        parts = [load_run_data(path.stem) for path in paths]
+        if not parts:
             continue
-        data[layout] = results
-        meta["layouts"][layout] = {"seeds": m["seeds"], "minutes": m["seconds"] / 60}
+        merged: dict[str, dict] = {}
+        for results, _ in parts:  # a later part's cells replace the earlier's (a re-run), the others are kept
+            for sampler, row in results.items():
+                merged.setdefault(sampler, {}).update(row)
+        data[layout] = {s: merged[s] for s in S.SAMPLERS if s in merged}
+        seeds = {m["seeds"] for _, m in parts}
+        assert len(seeds) == 1, f"{layout}: parts with different seeds {seeds}"
+        meta["layouts"][layout] = {"seeds": seeds.pop(), "minutes": sum(m["seconds"] for _, m in parts) / 60}
     write_section(section(data, meta), BEGIN, END)
 
 

@@ -5,6 +5,8 @@ a real UNet."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from models import make_unet, photo_latents
@@ -176,7 +178,8 @@ def test_a_cached_step_gets_the_calibrated_forecast_from_the_live_skip_connectio
         _run(unet, None, times, shift=lambda i: 0.05 * i * i)  # the input bends: its steps are not even in time
     finally:
         handle.remove()
-    patch = tome_core.apply_patch(unet, ratio=0.0, cache=True, cache_interval=3, cache_forecast="calibrated")
+    settings = dict(ratio=0.0, cache=True, cache_interval=3, cache_forecast="calibrated", cache_schedule="uniform")
+    patch = tome_core.apply_patch(unet, **settings)
     handle = record(got)  # after the cache's own hook: what the entry block gets
     try:
         _run(unet, patch, times, shift=lambda i: 0.05 * i * i)
@@ -207,3 +210,29 @@ def test_the_time_schedule_in_a_patched_unet_counts_its_full_steps_per_pass(unet
     expected = _plan(settings, times)
     assert stats == [{"full": expected.count("f"), "cached": expected.count("c"), "skipped": 0}]
     assert expected != _uniform(tome_core.ToMeSettings(cache=True), 20)
+
+
+def test_the_calls_of_a_second_order_step_share_the_time_schedules_decision(unet):
+    """DPM++ SDE calls the UNet twice a step, the second at a midpoint time: both streams are placed by the step's first
+    call, so a step is full or cached as a whole and there are no more full steps than with one call a step."""
+    sigmas = S.schedule("dpmpp_sde", 20)
+    first = [S.sigma_to_t(s) for s in sigmas[:-1]]
+    middle = [S.sigma_to_t((a * b) ** 0.5) for a, b in itertools.pairwise(sigmas[:-1])]
+    x = photo_latents(2, 16, 16, 0)
+    ctx = torch.randn(2, 7, 64, generator=torch.Generator().manual_seed(0))
+    patch = tome_core.apply_patch(unet, ratio=0.0, cache=True, cache_interval=3, cache_schedule="time")
+    try:
+        with torch.no_grad():
+            for i, t in enumerate(first):
+                patch.set_progress(i / 20, 20)
+                unet(x, torch.full((2,), t), ctx)
+                if i < len(middle):
+                    unet(x, torch.full((2,), middle[i]), ctx)
+        stats = tome_core.cache_stats(unet)
+        report = patch.report().cache
+    finally:
+        tome_core.remove_patch(unet)
+    settings = tome_core.ToMeSettings(cache=True, cache_interval=3, cache_schedule="time")
+    expected = _plan(settings, first)
+    assert stats == [{"full": expected.count("f"), "cached": expected.count("c"), "skipped": 0}]
+    assert report.full == 2 * expected.count("f") - 1  # both calls of every full step, the last step has one call

@@ -251,14 +251,15 @@ class StepCache:
         same = stream is not None and stream.size == call.size and stream.batch == call.batch
         fits = same and bool(stream.passes) and all(self._complete(p) for p in stream.passes)
         since_full = call.step - stream.last_full if stream is not None else 0
-        if fits and stream.refresh.may_cache(call.step, call.progress, call.last, since_full, x, call.time, call.steps):
+        decide = (call.step, call.progress, call.last, since_full, x, call.time, call.steps, call.step_time)
+        if fits and stream.refresh.may_cache(*decide):
             self._begin_call(stream, cached=True)
             self._cached += 1
             self._count(call, full=False)
             return
         refresh, tracks = (stream.refresh, stream.tracks) if same else (self.refresh(self.settings), [])
         self._streams[key] = stream = _Stream(call.size, call.batch, call.step, refresh, tracks=tracks)
-        refresh.full(x, call.time, call.progress)
+        refresh.full(x, call.time, call.progress, call.step_time)
         self._begin_call(stream, cached=False)
         self._full += 1
         self._count(call, full=True)

@@ -77,17 +77,22 @@ class Refresh:
         x: torch.Tensor | None,
         time: Time,
         steps: int | None = None,
+        step_time: Time = None,
     ) -> bool:
         """Whether this call may be cached: the guard rails, then (time) the sampler time since the last full step, or
-        (adaptive) the input's distance from its forecast. ``steps``: the pass's step count, if known."""
+        (adaptive) the input's distance from its forecast. ``steps``: the pass's step count, if known; ``step_time``:
+        the time of the step's first call, by which the time schedule places every call of the step (default
+        ``time``), so that the streams of a step decide alike (DPM++ SDE's second call runs at another time)."""
         self.last_signal = None
-        if self.timed and self._start is not None and self._last_time is not None and steps and time is not None:
+        step_time = time if step_time is None else step_time
+        if self.timed and self._start is not None and self._last_time is not None and steps and step_time is not None:
             first, start = self._start
             interval = 2 * self.settings.cache_interval - 1
             if not may_cache(self.settings, step, progress, last, since_full, interval):
                 return False
             average = start / max(steps * (1 - first), 1)  # the stream's time per step, down to 0
-            return self._last_time - float(time) < self.settings.cache_interval * average
+            # within N average steps (a step exactly N of them away, as at an even spacing, is full)
+            return self._last_time - float(step_time) < self.settings.cache_interval * average * (1 - 1e-3)
         if not may_cache(self.settings, step, progress, last, since_full):
             return False
         if self._inputs is None:
@@ -98,10 +103,12 @@ class Refresh:
         self.last_signal = _relative_l1(_signal(x), expected)
         return self.last_signal < self.settings.cache_threshold
 
-    def full(self, x: torch.Tensor | None, time: Time, progress: float | None = None) -> None:
-        """The stream ran a full step on ``x`` at ``time`` (``progress``: of the pass, if reported)."""
+    def full(self, x: torch.Tensor | None, time: Time, progress: float | None = None, step_time: Time = None) -> None:
+        """The stream ran a full step on ``x`` at ``time`` (``progress``: of the pass, if reported; ``step_time``: see
+        :meth:`may_cache`)."""
         if self.timed:
-            self._last_time = None if time is None else float(time)
+            step_time = time if step_time is None else step_time
+            self._last_time = None if step_time is None else float(step_time)
             if self._start is None and self._last_time is not None and progress is not None:
                 self._start = (progress, self._last_time)
         if self._inputs is not None and _usable(x):

@@ -318,20 +318,20 @@ class ToMeSettings:
         axis="Hires. fix cache interval (0 = same)",
     )
     cache_forecast: str = _spec(
-        "linear",
+        "calibrated",
         kind="choice",
         label="Cache forecast",
         infotext="ToMe cache forecast",
         choices=FORECAST_CHOICES,
-        hint="What cached steps use for the deep features. linear (the default): their extrapolation from the last two full steps in the sampler's time (more faithful at the same speed). calibrated: the same line, with the step's place on it read off the live shallow features (holds under Euler a and the SDE samplers, where linear loses). off: the last full step's, unchanged (DeepCache).",
+        hint="What cached steps use for the deep features. calibrated (the default): their extrapolation from the last two full steps, to the place on that line the live shallow features say (more faithful than DeepCache at the same speed, also under Euler a and the SDE samplers). linear: the same line, placed by the sampler's time (loses to DeepCache under Euler a and the SDE samplers). off: the last full step's, unchanged (DeepCache).",
     )
     cache_schedule: str = _spec(
-        "uniform",
+        "time",
         kind="choice",
         label="Cache schedule",
         infotext="ToMe cache schedule",
         choices=SCHEDULE_CHOICES,
-        hint="uniform (the default): a full step every cache interval (DeepCache). time: full steps spread evenly in the sampler's time (the same as uniform on the default schedule; under Karras and exponential schedules, as DPM++ uses, they go where the image forms). adaptive: also a full step as soon as the UNet's input strays from its forecast by more than the cache threshold; the cache interval is then the longest run without one.",
+        hint="time (the default): full steps spread evenly in the sampler's time, on average one every cache interval (the same as uniform on Euler's, DDIM's and UniPC's spacing; under the Karras and exponential schedules of DPM++ they go where the image forms). uniform: a full step every cache interval (DeepCache). adaptive: also a full step as soon as the UNet's input strays from its forecast by more than the cache threshold; the cache interval is then the longest run without one.",
     )
     cache_threshold: float = _spec(
         0.08,

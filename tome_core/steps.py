@@ -35,6 +35,8 @@ class Call:
     steps: int | None = None  # the pass's number of steps, when the caller reports it
     chunk: tuple[int, ...] | None = None  # Forge's ``transformer_options["cond_or_uncond"]``
     time: torch.Tensor | float | None = None  # the sampler's time: the call's first timestep, never read back
+    step_time: torch.Tensor | float | None = None  # the time of the step's first call (a second-order sampler's
+    # later calls of a step run at other times; the step is placed by its first)
 
     @property
     def last(self) -> bool:
@@ -86,6 +88,7 @@ class StepClock:
         self._key: float | None = None
         self._step = 0
         self._index = 0
+        self._step_time: torch.Tensor | float | None = None
 
     def set_progress(self, fraction: float | None, steps: int | None = None) -> None:
         """Report sampling progress (0 at the first step, 1 at the end; ``None`` when unknown) and, if known, the
@@ -115,8 +118,12 @@ class StepClock:
             self._step = 0 if restarted else self._step + 1
             self._key = key
             self._index = 0
+            self._step_time = time
         else:
             self._index += 1
         steps = self.steps if reported else None
-        self.call = Call(size, batch, progress, key, self._step, self._index, restarted, steps, _chunk(kwargs), time)
+        chunk = _chunk(kwargs)
+        self.call = Call(
+            size, batch, progress, key, self._step, self._index, restarted, steps, chunk, time, self._step_time
+        )
         return self.call
