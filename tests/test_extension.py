@@ -438,3 +438,30 @@ def test_sdxl_generation_merges_with_default_settings():
         assert tome_core.get_patch(model) is None
     finally:
         harness.reset_webui()
+
+
+def test_with_the_cache_on_the_infotext_always_says_its_forecast_and_schedule():
+    on = ext.infotext(S.ToMeSettings(enabled=True, cache=True), None)
+    assert on["ToMe cache forecast"] == "calibrated" and on["ToMe cache schedule"] == "time"
+    off = ext.infotext(S.ToMeSettings(enabled=True), None)
+    assert "ToMe cache forecast" not in off and "ToMe cache schedule" not in off
+
+
+@pytest.mark.parametrize(
+    "pasted, forecast, schedule",
+    [
+        ({"ToMe": "True", "ToMe cache": "True", "ToMe cache steps": "8 full, 12 cached"}, "linear", "uniform"),
+        ({"ToMe": "True", "ToMe cache": "True"}, "off", "uniform"),  # before the forecast existed: DeepCache
+        ({"ToMe": "True", "ToMe cache": "True", "ToMe cache forecast": "calibrated"}, "calibrated", "uniform"),
+        (
+            {"ToMe": "True", "ToMe cache": "True", "ToMe cache forecast": "off", "ToMe cache schedule": "time"},
+            "off",
+            "time",
+        ),
+        ({"ToMe": "True"}, "calibrated", "time"),  # no cache: the defaults
+    ],
+)
+def test_an_older_infotext_with_the_cache_pastes_the_forecast_and_schedule_it_ran(pasted, forecast, schedule):
+    params = dict(pasted)
+    ext.fill_pasted(params)
+    assert params["ToMe cache forecast"] == forecast and params["ToMe cache schedule"] == schedule

@@ -177,9 +177,17 @@ class Run:
         return "; ".join(self.notes) if self.notes else None
 
 
+ALWAYS_WITH_CACHE = ("cache_forecast", "cache_schedule")
+"""Written whenever the cache is on, default or not: their defaults changed once, so an image says what it ran."""
+EARLIER_CACHE = {"cache_schedule": "uniform"}
+"""What an infotext with the cache on but without these keys ran (made before the keys were always written): the
+uniform schedule, and the forecast ``linear`` if it has ``ToMe cache steps`` (issue 23's version), else ``off``."""
+
+
 def infotext(settings: ToMeSettings, used_seed: int | None) -> dict[str, Any]:
-    """Infotext entries for an enabled run: ``ToMe: True`` and every field that differs from its default;
-    the seed actually used whenever the random partition is on."""
+    """Infotext entries for an enabled run: ``ToMe: True`` and every field that differs from its default (with the
+    cache on, its forecast and schedule whatever they are); the seed actually used whenever the random partition is
+    on."""
     out: dict[str, Any] = {S.spec("enabled").infotext: True}
     for name in S.NAMES:
         if name == "enabled":
@@ -187,6 +195,8 @@ def infotext(settings: ToMeSettings, used_seed: int | None) -> dict[str, Any]:
         value = getattr(settings, name)
         if name == "seed" and settings.use_rand and used_seed is not None:
             value = used_seed
+        elif name in ALWAYS_WITH_CACHE and settings.cache:
+            pass
         elif value == getattr(S.DEFAULTS, name):
             continue
         out[S.spec(name).infotext] = value
@@ -195,11 +205,16 @@ def infotext(settings: ToMeSettings, used_seed: int | None) -> dict[str, Any]:
 
 def fill_pasted(params: dict[str, Any]) -> None:
     """Complete pasted infotext params in place so that every control is restored: a ToMe infotext gets
-    the defaults it omitted; one without ToMe turns ToMe off."""
+    the defaults it omitted (an older one with the cache on, the forecast and schedule it ran: :data:`EARLIER_CACHE`);
+    one without ToMe turns ToMe off."""
     enabled_key = S.spec("enabled").infotext
     if enabled_key not in params:
         params[enabled_key] = "False"
         return
+    if str(params.get(S.spec("cache").infotext)) == "True":
+        forecast = "linear" if CACHE_STEPS_KEY in params else "off"
+        for name, value in {"cache_forecast": forecast, **EARLIER_CACHE}.items():
+            params.setdefault(S.spec(name).infotext, value)
     for name in S.NAMES:
         key = S.spec(name).infotext
         params.setdefault(key, str(getattr(S.DEFAULTS, name)))
