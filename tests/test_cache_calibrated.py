@@ -139,6 +139,14 @@ def test_under_karras_the_time_schedule_runs_full_steps_where_the_time_goes_and_
     assert reach(plan) < budget < reach(uniform)
 
 
+def test_an_even_spacing_rounded_to_integer_timesteps_stays_the_uniform_schedule():
+    """diffusers' UniPC runs ``linspace(0, 999, 21).round()``: steps of 49, 50 or 51, never exactly N averages."""
+    times = torch.linspace(0, 999, 21).round().flip(0)[:-1].tolist()
+    for interval in (2, 3, 4, 5):
+        settings = tome_core.ToMeSettings(cache=True, cache_interval=interval, cache_schedule="time")
+        assert _plan(settings, times) == _uniform(tome_core.ToMeSettings(cache=True, cache_interval=interval), 20)
+
+
 def test_the_time_schedule_without_a_step_count_or_a_time_is_uniform():
     settings = tome_core.ToMeSettings(cache=True, cache_interval=3, cache_schedule="time")
     times = [S.sigma_to_t(s) for s in S.schedule("dpmpp_2m", 20)[:-1]]

@@ -30,6 +30,9 @@ from .settings import ToMeSettings
 
 SUBSAMPLE = 4
 """The signal's stride per side over the latent (1/16 of its pixels)."""
+TOLERANCE = 0.02
+"""The time schedule takes a step within 2 % of N average steps from the last full one as N steps away (full): an
+even spacing rounded to integer timesteps (diffusers' UniPC and DDIM) stays the uniform schedule."""
 
 
 def may_cache(
@@ -91,8 +94,8 @@ class Refresh:
             if not may_cache(self.settings, step, progress, last, since_full, interval):
                 return False
             average = start / max(steps * (1 - first), 1)  # the stream's time per step, down to 0
-            # within N average steps (a step exactly N of them away, as at an even spacing, is full)
-            return self._last_time - float(step_time) < self.settings.cache_interval * average * (1 - 1e-3)
+            # within N average steps (a step N of them away, as at an even spacing, is full: :data:`TOLERANCE`)
+            return self._last_time - float(step_time) < self.settings.cache_interval * average * (1 - TOLERANCE)
         if not may_cache(self.settings, step, progress, last, since_full):
             return False
         if self._inputs is None:
