@@ -91,39 +91,68 @@ def run_layout(layout: str, samplers: tuple[str, ...], seeds: int, intervals, fo
     return out
 
 
+def _intervals(per_sampler: dict) -> list[int]:
+    return sorted({int(k.rsplit("-", 1)[1]) for row in per_sampler.values() for k in row})
+
+
 def section(data: dict, meta: dict) -> str:
+    """The RESULTS.md section: a summary (mean PSNR and full steps of each forecast, both layouts), then per layout
+    every cell with its interval and spread."""
     lines = [
         BEGIN,
         "## The step cache under the WebUI's samplers (`python -m benchmarks.samplers`)",
         "",
         f"Trained models (`benchmarks/fidelity/weights/`), {STEPS} steps, CFG 7, each sampler on the WebUI's scheduler "
-        "for it; PSNR (dB) of the final sample against plain's, paired by seed: mean [bootstrap 95 %], per-seed "
-        "spread 5th–95th percentile, and the full steps of a pass (of 20; a DPM++ SDE step calls the UNet twice, each "
-        "call a stream of its own). Forecasts and schedules: `off` + `uniform` is DeepCache; `linear` + `uniform` was "
-        "the default before this run; `calibrated` reads the forecast's position off the live skip connection; "
-        "`time` spreads the full steps evenly in the sampler's time.",
+        "for it; PSNR (dB) of the final sample against plain's, paired by seed. Forecasts and schedules: `off` + "
+        "`uniform` is DeepCache; `linear` + `uniform` was the default before issue 27; `calibrated` + `time` is the "
+        "default now. *Full*: the steps of a pass that ran the whole UNet (of 20; a DPM++ SDE step calls the UNet "
+        "twice, both calls placed by the step). "
+        + ", ".join(
+            f"{B.LAYOUT_NAMES[k]}: {m['seeds']} seeds, {m['minutes']:.0f} min" for k, m in meta["layouts"].items()
+        )
+        + " (1 torch thread).",
+        "",
+        "Summary: mean PSNR (full steps).",
         "",
     ]
+    layouts = list(data)
+    head = [
+        f"{B.LAYOUT_NAMES[k].split()[0]}: {f.label.split(' (')[0]}"
+        for k in layouts
+        for f in FORECASTS[:1] + FORECASTS[1:2] + FORECASTS[3:]
+    ]
+    lines += ["| sampler, N | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
+    rows: dict[str, list[str]] = {}
+    for layout in layouts:
+        for sampler, row in data[layout].items():
+            for n in _intervals(data[layout]):
+                key = f"{S.LABELS[sampler]}, N={n}"
+                cells = rows.setdefault(key, [])
+                while len(cells) < 3 * layouts.index(layout):
+                    cells.append("—")
+                for f in (FORECASTS[0], FORECASTS[1], FORECASTS[3]):
+                    c = row.get(f"{f.name}-{n}")
+                    cells.append("—" if c is None else f"{c['psnr'][0]:.1f} ({c['full']})")
+    order = [f"{S.LABELS[s]}, N={n}" for s in S.SAMPLERS for n in INTERVALS]
+    for key in sorted(rows, key=order.index):
+        cells = rows[key] + ["—"] * (len(head) - len(rows[key]))
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    lines.append("")
     for layout, per_sampler in data.items():
-        m = meta["layouts"][layout]
-        lines += [f"### {B.LAYOUT_NAMES[layout]} ({m['seeds']} seeds, {m['minutes']:.0f} min, 1 torch thread)", ""]
-        intervals = sorted({int(k.rsplit("-", 1)[1]) for row in per_sampler.values() for k in row})
-        names = [
-            f.name for f in FORECASTS if any(f"{f.name}-{n}" in row for row in per_sampler.values() for n in intervals)
-        ]
-        head = "| sampler | N | " + " | ".join(f.label for f in FORECASTS if f.name in names) + " |"
-        lines += [head, "|" + "---|" * (2 + len(names))]
+        lines += [f"### {B.LAYOUT_NAMES[layout]}: mean [bootstrap 95 %] (per-seed 5th–95th percentile), full steps", ""]
+        names = [f for f in FORECASTS if any(f"{f.name}-{n}" in r for r in per_sampler.values() for n in INTERVALS)]
+        lines += ["| sampler and N | " + " | ".join(f.label for f in names) + " |", "|---|" + "---|" * len(names)]
         for sampler, row in per_sampler.items():
-            for n in intervals:
+            for n in _intervals(per_sampler):
                 cells = []
-                for name in names:
-                    c = row.get(f"{name}-{n}")
+                for f in names:
+                    c = row.get(f"{f.name}-{n}")
                     if c is None:
                         cells.append("—")
                         continue
                     mean, lo, hi = c["psnr"]
-                    cells.append(f"{mean:.1f} [{lo:.1f}, {hi:.1f}] ({c['p5']:.1f}–{c['p95']:.1f}), {c['full']} full")
-                lines.append(f"| {S.LABELS[sampler]} | {n} | " + " | ".join(cells) + " |")
+                    cells.append(f"{mean:.1f} [{lo:.1f}, {hi:.1f}] ({c['p5']:.1f}–{c['p95']:.1f}), {c['full']}")
+                lines.append(f"| {S.LABELS[sampler]}, N={n} | " + " | ".join(cells) + " |")
         lines.append("")
     lines.append(END)
     return "\n".join(lines)

@@ -20,7 +20,7 @@
         "end": "ToMe is active until this fraction of the sampling steps (e.g. 0.7: off for the last 30%, which draw fine detail).",
         "share_plan": "Compute the merge plan once per UNet level and forward, and reuse it in that level's other blocks (faster, slightly less faithful).",
         "plan_interval": "Recompute the merge plans every this many sampling steps and reuse them in between (1: every step, exact).",
-        "cache": "Reuse the UNet's deep features between steps (DeepCache): every N-th step runs in full, the steps between run only the shallowest skip branch. Stacks with token merging; with ratio 0 it runs alone.",
+        "cache": "Reuse the UNet's deep features between steps (DeepCache): every N-th step runs in full, the steps between run only the shallowest skip branch. Stacks with token merging; with ratio 0 it runs alone. Under Euler a and the SDE samplers (fresh noise every step) any step cache changes the image much more: use interval 2 there, or leave it off.",
         "cache_interval": "Run the full UNet every this many steps and reuse its deep features in between (1: every step is full, no caching). Higher is faster and less faithful.",
         "cache_branch": "The skip branch that keeps running on cached steps: 0 (the default) is the shallowest and fastest; deeper branches run more of the UNet (more faithful, slower). SD1/SD2 have 12 branches, SDXL 9.",
         "cache_start": "Cached steps may occur from this fraction of the sampling on; before it every step is full (the first step always is).",

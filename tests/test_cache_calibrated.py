@@ -244,3 +244,13 @@ def test_the_calls_of_a_second_order_step_share_the_time_schedules_decision(unet
     expected = _plan(settings, first)
     assert stats == [{"full": expected.count("f"), "cached": expected.count("c"), "skipped": 0}]
     assert report.full == 2 * expected.count("f") - 1  # both calls of every full step, the last step has one call
+
+
+def test_the_probe_kept_is_a_copy_not_a_view_of_the_callers_tensor():
+    d0, _ = _pair(6)
+    entry_input = torch.randn(2, 16, 8, 8)  # the entry block's input: deep features then the skip connection
+    track = Track("calibrated")
+    track.add(900.0, d0, entry_input[:, 8:])
+    assert track.probe._base is None and track.probe.untyped_storage().nbytes() == track.probe.numel() * 4
+    entry_input.zero_()  # the caller's tensor changes or goes: the probe kept does not
+    assert track.probe.abs().sum() > 0

@@ -157,3 +157,15 @@ def test_every_row_of_the_extensions_table_names_tests_that_exist_and_every_neig
                 covered |= {(file, name) for name in hits}
     neighbours = {(f, n) for f, names in defined.items() if f.startswith("test_neighbours_") for n in names}
     assert neighbours - covered == set()
+
+
+STEP_CACHE_SECTION = README[README.index("## Step cache") :].split("\n## ", 1)[0]
+
+
+def test_the_sampler_table_is_the_samplers_benchmarks_last_run():
+    """Issue 27's table (``python -m benchmarks.samplers``), copied unchanged, every sampler of the benchmark in it."""
+    _assert_copied(STEP_CACHE_SECTION, "| sampler, N |", "samplers")
+    _, rows = _table(STEP_CACHE_SECTION, "| sampler, N |")
+    from benchmarks.sampler import LABELS
+
+    assert {row.split(", N=")[0] for row in rows} == set(LABELS.values())

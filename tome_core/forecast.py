@@ -3,9 +3,9 @@ from the last two full steps (``cache_forecast``).
 
 A :class:`Track` follows one stream's deep features across its full steps, each with the sampler time of its call (the
 UNet's timestep, kept as the tensor it came in, so that nothing is read back from the device) and, where the caller
-has them, the probe: features the cached steps compute live as well (the UNet's shallow skip connection into the first
-block a cached step runs again; a DiT's probe blocks). From the last full step's features ``d1`` and the change
-``d1 - d0`` since the full step before:
+has them, the probe: features the cached steps compute live as well (for the UNet, the shallow skip connection into
+the first block a cached step runs again; the module knows only tensors, so any block model's live features serve).
+From the last full step's features ``d1`` and the change ``d1 - d0`` since the full step before:
 
 * ``off``: ``d1`` itself (bit-identical to DeepCache);
 * ``linear``: ``d1 + a (d1 - d0)`` with ``a = (t - t1) / (t1 - t0)``, their extrapolation in the sampler's time: exact
@@ -13,7 +13,7 @@ block a cached step runs again; a DiT's probe blocks). From the last full step's
 * ``calibrated``: the same line, but ``a`` is read off the probe, per image of the batch: the least-squares position
   of the live probe ``p`` on the probe's own line, ``a = <p - p1, p1 - p0> / |p1 - p0|²``, kept within [0, 2] (FoCa's
   "forecast, then calibrate", from its description, with the probe as the calibration). Where the sampler moves as
-  its times say, ``a`` is the time's; where it adds fresh noise (ancestral and SDE samplers), the probe's move is
+  its times say, ``a`` is about the time's; where it adds fresh noise (ancestral and SDE samplers), the probe's move is
   partly off the line, ``a`` shrinks towards 0 and the forecast towards DeepCache's reuse, instead of extrapolating
   the last step's noise. Without a probe it is ``linear``.
 
@@ -54,7 +54,8 @@ class Track:
     def add(self, time: Time, deep: torch.Tensor, probe: torch.Tensor | None = None) -> None:
         """A full step's deep features (a copy the caller no longer changes) at its sampler time, with its probe."""
         now = _as_time(time, deep)
-        probe = _subsample(probe) if self.forecast == "calibrated" and probe is not None else None
+        # a copy: a view would keep the caller's whole tensor (the entry block's input) alive until the next full step
+        probe = _subsample(probe).clone() if self.forecast == "calibrated" and probe is not None else None
         self.change = self.span = self.probe_change = None
         if self.forecast != "off" and self.deep is not None and self.deep.shape == deep.shape:
             self.change = deep - self.deep

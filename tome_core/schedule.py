@@ -1,7 +1,8 @@
 """When a stream of UNet calls runs a full step and when a cached one (``cache_schedule``).
 
 The schedules keep DeepCache's guard rails: the first and the last step of a pass are full, and so is every step
-outside ``cache_start <= progress < cache_end``; and a stream never goes ``cache_interval`` steps without a full one.
+outside ``cache_start <= progress < cache_end``; and a stream never goes ``cache_interval`` steps without a full one
+(the time schedule: ``2 × cache_interval - 1``).
 
 * ``uniform`` (DeepCache's): inside those rails every step is cached, so full steps fall at 0, N, 2N, … .
 * ``time``: full steps spread evenly in the sampler's time instead of in steps: a step is cached while the sampler
@@ -32,7 +33,7 @@ SUBSAMPLE = 4
 """The signal's stride per side over the latent (1/16 of its pixels)."""
 TOLERANCE = 0.02
 """The time schedule takes a step within 2 % of N average steps from the last full one as N steps away (full): an
-even spacing rounded to integer timesteps (diffusers' UniPC and DDIM) stays the uniform schedule."""
+even spacing rounded to integer timesteps (diffusers' UniPC: steps of 49 to 51) stays the uniform schedule."""
 
 
 def may_cache(

@@ -260,7 +260,7 @@ class ToMeSettings:
         kind="bool",
         label="Step cache (DeepCache)",
         infotext="ToMe cache",
-        hint="Reuse the UNet's deep features between steps (DeepCache): every N-th step runs in full, the steps between run only the shallowest skip branch. Stacks with token merging; with ratio 0 it runs alone.",
+        hint="Reuse the UNet's deep features between steps (DeepCache): every N-th step runs in full, the steps between run only the shallowest skip branch. Stacks with token merging; with ratio 0 it runs alone. Under Euler a and the SDE samplers (fresh noise every step) any step cache changes the image much more: use interval 2 there, or leave it off.",
         axis="Step cache",
     )
     cache_interval: int = _spec(
