@@ -131,7 +131,7 @@ def test_chaining_both_nodes_gives_merging_and_the_cache_as_cache_true_does(orde
     assert torch.equal(both, expected) and [c for *_, c in calls.seen] == uniform_plan(settings, 4)
     assert console()[-1] == (
         "ToMe: True, ToMe ratio: 0.4, ToMe seed: 1, ToMe cache: True, ToMe cache interval: 2, "
-        "ToMe cache steps: 3 full, 1 cached"
+        "ToMe cache forecast: calibrated, ToMe cache schedule: time, ToMe cache steps: 3 full, 1 cached"
     )
 
 
