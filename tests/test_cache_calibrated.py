@@ -220,15 +220,14 @@ def test_the_time_schedule_in_a_patched_unet_counts_its_full_steps_per_pass(unet
     assert expected != _uniform(tome_core.ToMeSettings(cache=True), 20)
 
 
-def test_the_calls_of_a_second_order_step_share_the_time_schedules_decision(unet):
-    """DPM++ SDE calls the UNet twice a step, the second at a midpoint time: both streams are placed by the step's first
-    call, so a step is full or cached as a whole and there are no more full steps than with one call a step."""
+def _second_order(unet, schedule: str):
+    """A DPM++ SDE pass: two calls a step, the second at the midpoint time (the last step: one call)."""
     sigmas = S.schedule("dpmpp_sde", 20)
     first = [S.sigma_to_t(s) for s in sigmas[:-1]]
     middle = [S.sigma_to_t((a * b) ** 0.5) for a, b in itertools.pairwise(sigmas[:-1])]
     x = photo_latents(2, 16, 16, 0)
     ctx = torch.randn(2, 7, 64, generator=torch.Generator().manual_seed(0))
-    patch = tome_core.apply_patch(unet, ratio=0.0, cache=True, cache_interval=3, cache_schedule="time")
+    patch = tome_core.apply_patch(unet, ratio=0.0, cache=True, cache_interval=3, cache_schedule=schedule)
     try:
         with torch.no_grad():
             for i, t in enumerate(first):
@@ -236,14 +235,41 @@ def test_the_calls_of_a_second_order_step_share_the_time_schedules_decision(unet
                 unet(x, torch.full((2,), t), ctx)
                 if i < len(middle):
                     unet(x, torch.full((2,), middle[i]), ctx)
-        stats = tome_core.cache_stats(unet)
-        report = patch.report().cache
+        return tome_core.cache_stats(unet), patch.report().cache
     finally:
         tome_core.remove_patch(unet)
-    settings = tome_core.ToMeSettings(cache=True, cache_interval=3, cache_schedule="time")
-    expected = _plan(settings, first)
-    assert stats == [{"full": expected.count("f"), "cached": expected.count("c"), "skipped": 0}]
-    assert report.full == 2 * expected.count("f") - 1  # both calls of every full step, the last step has one call
+
+
+def test_under_a_sampler_calling_the_unet_at_two_times_a_step_the_time_schedule_stands_down_and_says_so(unet):
+    """DPM++ SDE's steps call the UNet twice, the second at a midpoint time: there the time schedule lost to the
+    uniform one (the sampler table), so the pass runs the uniform schedule, both calls of a step alike, with a note."""
+    stats, report = _second_order(unet, "time")
+    uniform_stats, uniform_report = _second_order(unet, "uniform")
+    plan = _uniform(tome_core.ToMeSettings(cache=True), 20)
+    assert stats == uniform_stats == [{"full": plan.count("f"), "cached": plan.count("c"), "skipped": 0}]
+    assert report.full == uniform_report.full == 2 * plan.count("f") - 1  # both calls of a full step; the last: one
+    assert "cache schedule uniform: the sampler calls the UNet at two times a step" in report.notes
+    assert not uniform_report.notes
+
+
+def test_two_calls_a_step_at_one_time_keep_the_time_schedule(unet):
+    """Cond and uncond called one after the other (or extra guidance passes) run at the step's time: no stand-down."""
+    times = [S.sigma_to_t(s) for s in S.schedule("dpmpp_2m", 20)[:-1]]
+    x = photo_latents(2, 16, 16, 0)
+    ctx = torch.randn(2, 7, 64, generator=torch.Generator().manual_seed(0))
+    patch = tome_core.apply_patch(unet, ratio=0.0, cache=True, cache_interval=3, cache_schedule="time")
+    try:
+        with torch.no_grad():
+            for i, t in enumerate(times):
+                patch.set_progress(i / 20, 20)
+                unet(x, torch.full((2,), t), ctx)
+                unet(x, torch.full((2,), t), ctx)
+        stats, report = tome_core.cache_stats(unet), patch.report().cache
+    finally:
+        tome_core.remove_patch(unet)
+    plan = _plan(tome_core.ToMeSettings(cache=True, cache_interval=3, cache_schedule="time"), times)
+    assert stats == [{"full": plan.count("f"), "cached": plan.count("c"), "skipped": 0}] and not report.notes
+    assert plan != _uniform(tome_core.ToMeSettings(cache=True), 20)
 
 
 def test_the_probe_kept_is_a_copy_not_a_view_of_the_callers_tensor():

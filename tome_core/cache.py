@@ -125,6 +125,20 @@ class CacheReport:
     passes: tuple[PassCount, ...] = ()
 
 
+TWO_TIMES_NOTE = "cache schedule uniform: the sampler calls the UNet at two times a step"
+"""Said when the time schedule stands down: under a sampler whose steps call the UNet at a second, later time (DPM++
+SDE, DPM++ 2S a, DPM2, Heun) it lost to the uniform schedule (issue 27's sampler table, DPM++ SDE), which runs
+instead for that pass."""
+
+
+def _later_time(call: Call) -> bool:
+    """Whether a later call of the step runs at another time than the step's first (one read back from the device,
+    only for the time schedule's later calls)."""
+    if call.time is None or call.step_time is None:
+        return False
+    return float(call.time) != float(call.step_time)
+
+
 _Replaced = tuple[nn.Module, bool, Any, Callable]
 """An instance-level ``forward`` we put on a module: (module, whether it had one of its own, that one, ours)."""
 
@@ -178,6 +192,8 @@ class StepCache:
         self._full = self._cached = 0
         self._notes: list[str] = []
         self._warned: set[str] = set()
+        self._timed = settings.cache_schedule == "time"
+        self._two_times = False  # this pass's steps call the UNet at two times (the time schedule stands down)
         if blocks is None:
             self._notes.append("step cache off: this model has no UNet input/middle/output blocks")
             return
@@ -240,7 +256,11 @@ class StepCache:
         if call.restarted:
             self._streams.clear()
             self._steps.append({})
+            self._two_times = False
         self._time = call.time
+        if self._timed and call.index and not self._two_times and _later_time(call):
+            self._two_times = True
+            self._note(TWO_TIMES_NOTE)
         if not self._intact():
             self._note("step cache off: another extension replaced the UNet's blocks")
             self._streams.clear()  # what was cached came from other blocks
@@ -251,7 +271,8 @@ class StepCache:
         same = stream is not None and stream.size == call.size and stream.batch == call.batch
         fits = same and bool(stream.passes) and all(self._complete(p) for p in stream.passes)
         since_full = call.step - stream.last_full if stream is not None else 0
-        decide = (call.step, call.progress, call.last, since_full, x, call.time, call.steps, call.step_time)
+        steps = None if self._two_times else call.steps  # no step count: the time schedule is the uniform one
+        decide = (call.step, call.progress, call.last, since_full, x, call.time, steps, call.step_time)
         if fits and stream.refresh.may_cache(*decide):
             self._begin_call(stream, cached=True)
             self._cached += 1
