@@ -45,6 +45,8 @@ FORECASTS = (
     Forecast("calibrated-time", "calibrated, time", "calibrated", "time"),
 )
 INTERVALS = (2, 3, 4)
+SUMMARY = ("deepcache", "linear", "calibrated-time")
+"""The summary's columns per layout: DeepCache, issue 23's default and the default now."""
 
 
 def mode(forecast: Forecast, interval: int) -> M.Mode:
@@ -115,28 +117,15 @@ def section(data: dict, meta: dict) -> str:
         "Summary: mean PSNR (full steps).",
         "",
     ]
-    layouts = list(data)
-    head = [
-        f"{B.LAYOUT_NAMES[k].split()[0]}: {f.label.split(' (')[0]}"
-        for k in layouts
-        for f in FORECASTS[:1] + FORECASTS[1:2] + FORECASTS[3:]
-    ]
+    columns = [(k, f) for k in data for f in FORECASTS if f.name in SUMMARY]
+    head = [f"{B.LAYOUT_NAMES[k].split()[0]}: {f.label.split(' (')[0]}" for k, f in columns]
     lines += ["| sampler, N | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
-    rows: dict[str, list[str]] = {}
-    for layout in layouts:
-        for sampler, row in data[layout].items():
-            for n in _intervals(data[layout]):
-                key = f"{S.LABELS[sampler]}, N={n}"
-                cells = rows.setdefault(key, [])
-                while len(cells) < 3 * layouts.index(layout):
-                    cells.append("—")
-                for f in (FORECASTS[0], FORECASTS[1], FORECASTS[3]):
-                    c = row.get(f"{f.name}-{n}")
-                    cells.append("—" if c is None else f"{c['psnr'][0]:.1f} ({c['full']})")
-    order = [f"{S.LABELS[s]}, N={n}" for s in S.SAMPLERS for n in INTERVALS]
-    for key in sorted(rows, key=order.index):
-        cells = rows[key] + ["—"] * (len(head) - len(rows[key]))
-        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    for sampler in S.SAMPLERS:
+        for n in INTERVALS:
+            found = [data[k].get(sampler, {}).get(f"{f.name}-{n}") for k, f in columns]
+            if any(found):
+                cells = ["—" if c is None else f"{c['psnr'][0]:.1f} ({c['full']})" for c in found]
+                lines.append(f"| {S.LABELS[sampler]}, N={n} | " + " | ".join(cells) + " |")
     lines.append("")
     for layout, per_sampler in data.items():
         lines += [f"### {B.LAYOUT_NAMES[layout]}: mean [bootstrap 95 %] (per-seed 5th–95th percentile), full steps", ""]

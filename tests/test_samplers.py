@@ -87,3 +87,26 @@ def test_an_image_gets_the_same_fresh_noise_alone_or_in_a_batch_and_another_seed
 def test_an_unknown_sampler_is_named():
     with pytest.raises(ValueError, match="'lms'"):
         S.sample(Recorder(), _noise(), S.schedule("euler", 4), "lms")
+
+
+def test_the_sampler_table_merges_the_parts_of_a_run_a_later_cell_replacing_the_earlier(tmp_path, monkeypatch):
+    from benchmarks import results, samplers
+
+    def cell(psnr: float, full: int) -> dict:
+        return {"psnr": [psnr, psnr - 1, psnr + 1], "p5": psnr - 2, "p95": psnr + 2, "full": full}
+
+    runs = tmp_path / "runs"
+    main = {"euler": {"deepcache-3": cell(30.0, 8), "calibrated-time-3": cell(33.0, 8)}}
+    part = {"euler": {"calibrated-time-3": cell(35.0, 8)}, "ddim": {"deepcache-3": cell(31.0, 7)}}
+    results.save_run_data("samplers-sd15", main, {"seeds": 4, "seconds": 60.0}, runs)
+    results.save_run_data("samplers-sd15-b", part, {"seeds": 4, "seconds": 30.0}, runs)
+    monkeypatch.setattr(samplers, "RUNS", runs)
+    monkeypatch.setattr(samplers, "load_run_data", lambda name: results.load_run_data(name, runs))
+    out = tmp_path / "RESULTS.md"
+    monkeypatch.setattr(
+        samplers, "write_section", lambda text, begin, end: results.write_section(text, begin, end, out)
+    )
+    samplers.render()
+    text = out.read_text(encoding="utf-8")
+    assert "| Euler, N=3 | 30.0 (8) | — | 35.0 (8) |" in text  # the part's re-run replaced the main cell
+    assert "| DDIM, N=3 | 31.0 (7) | — | — |" in text and "4 seeds, 2 min" in text
