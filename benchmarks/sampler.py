@@ -126,11 +126,6 @@ def schedule(sampler: str, steps: int) -> list[float]:
     return ddim_sigmas(steps) if sampler == "ddim" else discrete_sigmas(steps)
 
 
-def calls_per_step(sampler: str) -> int:
-    """UNet calls (with guidance) per step: DPM++ SDE evaluates twice."""
-    return 2 if sampler == "dpmpp_sde" else 1
-
-
 Model = Callable[[torch.Tensor, torch.Tensor, dict], torch.Tensor]
 """``unet(x, timesteps, **conditioning)`` → ε."""
 

@@ -347,14 +347,15 @@ class StepCache:
         if record is None or not isinstance(x, torch.Tensor) or x.dim() != 4:
             return None
         track = self._stream.tracks[self._passes - 1] if self._stream is not None else None
+        below = record.shapes.get(self._below)  # what the layer below returned: the deep features' channels
+        channels = None if below is None else below[0][1]
         if not self.skipping:
-            below = record.shapes.get(self._below)
-            if not self._cached_call and below is not None and below[0][1] < x.shape[1] and track is not None:
-                track.add(self._time, x[:, : below[0][1]].clone(), x[:, below[0][1] :])
+            if not self._cached_call and channels is not None and channels < x.shape[1] and track is not None:
+                track.add(self._time, x[:, :channels].clone(), x[:, channels:])  # the skip connection: the probe
                 record.deep = True
             return None
-        assert track is not None
-        deep = track.predict(self._time, x[:, record.shapes[self._below][0][1] :])
+        assert track is not None and channels is not None  # a skipped pass had a complete full one
+        deep = track.predict(self._time, x[:, channels:])
         assert deep is not None
         if deep.shape[0] != x.shape[0] or deep.shape[2:] != x.shape[2:]:
             self._note("step cache: a cached step's features did not fit; that step's image may be off")
