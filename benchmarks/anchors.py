@@ -280,24 +280,33 @@ class Spectrum(StepRule):
         self.since_computed += 1
         return False
 
-    def _design(self, steps: torch.Tensor) -> torch.Tensor:
-        """Chebyshev polynomials T_0 … T_degree of the step index mapped to [-1, 1]."""
-        tau = (steps / self.steps * 2 - 1).reshape(-1, 1)
-        columns = [torch.ones_like(tau), tau]
-        while len(columns) <= self.degree:
-            columns.append(2 * tau * columns[-1] - columns[-2])
-        return torch.cat(columns[: self.degree + 1], dim=1)
-
     def _forecast(self, step: int) -> torch.Tensor:
-        shape = self.history[-1][1].shape
-        values = torch.stack([h.reshape(-1).float() for _, h in self.history])
-        design = self._design(torch.tensor([s for s, _ in self.history], dtype=torch.float32))
-        gram = design.T @ design + self.lam * torch.eye(design.shape[1])
-        coefficients = torch.linalg.solve(gram, design.T @ values)
-        fit = (self._design(torch.tensor([float(step)])) @ coefficients).reshape(shape)
+        steps = torch.tensor([*(s for s, _ in self.history), step], dtype=torch.float32) / self.steps * 2 - 1
+        *taus, at = steps.tolist()  # the step index mapped to [-1, 1]
+        fit = chebyshev_ridge([(tau, h) for tau, (_, h) in zip(taus, self.history)], at, self.degree, self.lam)
         (s0, h0), (s1, h1) = self.history[-2:] if len(self.history) > 1 else (self.history[-1],) * 2
         taylor = h1 + (step - s1) / (s1 - s0) * (h1 - h0) if s1 != s0 else h1
         return (1 - self.w) * taylor + self.w * fit
+
+
+def chebyshev_ridge(history: Sequence[tuple[float, torch.Tensor]], at: float, degree: int, lam: float) -> torch.Tensor:
+    """Spectrum's fit: Chebyshev polynomials T_0 … T_degree of the time (mapped to [-1, 1]) fitted by ridge regression
+    (``lam``) to the ``history`` of (time, tensor), evaluated at time ``at`` (shaped and typed as the last tensor)."""
+    last = history[-1][1]
+    values = torch.stack([h.reshape(-1).float() for _, h in history])
+    design = _chebyshev(torch.tensor([tau for tau, _ in history], dtype=torch.float32), degree)
+    gram = design.T @ design + lam * torch.eye(design.shape[1])
+    coefficients = torch.linalg.solve(gram, design.T @ values)
+    return (_chebyshev(torch.tensor([float(at)]), degree) @ coefficients).reshape(last.shape).to(last.dtype)
+
+
+def _chebyshev(tau: torch.Tensor, degree: int) -> torch.Tensor:
+    """Chebyshev polynomials T_0 … T_degree of ``tau`` (one row per value)."""
+    tau = tau.reshape(-1, 1)
+    columns = [torch.ones_like(tau), tau]
+    while len(columns) <= degree:
+        columns.append(2 * tau * columns[-1] - columns[-2])
+    return torch.cat(columns[: degree + 1], dim=1)
 
 
 # --- DeepCache's non-uniform schedule, on our step cache ----------------------------------------------------------------

@@ -7,6 +7,8 @@ candidates measured one at a time on the trained SD1.5-layout model, 20 steps, C
 * **The time variable**: the linear forecast at N=3 with its time taken as the UNet's timestep (the default), log-sigma,
   sigma or sqrt(sigma) of that timestep.
 * **The schedule**: N=3 with the full steps at 0, 3, 6, … (uniform) against the time schedule.
+* **Higher-order and global fits** (:mod:`benchmarks.forecasters`): TaylorSeer order 2, HiCache's Hermite basis and
+  Spectrum's Chebyshev ridge fit against ours, at N=3 and N=4 on the time schedule.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from dataclasses import replace
 
 import torch
 
+import tome_core.cache as step_cache
 import tome_core.steps as clock
+from benchmarks import forecasters as F
 from benchmarks import modes as M
 from benchmarks import sampler as S
 from benchmarks.fidelity import benchmark as B
@@ -36,6 +40,30 @@ TIME_VARIABLES = {
     "sigma": lambda s: s,
     "sqrt sigma": math.sqrt,
 }
+
+FITS = {
+    "off (DeepCache's reuse)": ("off", None),
+    "linear": ("linear", None),
+    "calibrated (default)": ("calibrated", None),
+    "TaylorSeer, order 2": ("linear", F.Taylor),
+    "HiCache (Hermite, order 2)": ("linear", F.Hermite),
+    "Spectrum (Chebyshev ridge, w 0.25)": ("linear", F.Chebyshev),
+    "Spectrum's fit alone (w 1)": ("linear", lambda forecast: F.Chebyshev(forecast, w=1.0)),
+}
+"""The forecasts compared on the time schedule: the setting each runs with, and the study's forecaster in place of the
+step cache's own (None: the setting's)."""
+FIT_INTERVALS = (3, 4)
+
+
+@contextlib.contextmanager
+def _forecaster(factory):
+    """While inside, the step cache follows each stream's deep features with ``factory(forecast)`` (None: its own)."""
+    original = step_cache.Track
+    step_cache.Track = factory or original
+    try:
+        yield
+    finally:
+        step_cache.Track = original
 
 
 @contextlib.contextmanager
@@ -93,6 +121,15 @@ def run(seeds: int, log) -> dict:
                 psnr = float(psnr_ssim(samples, plain)[0].mean())
                 out["schedule"][sampler][f"{forecast}, {schedule}"] = {"psnr": psnr, "full": counts[0]["full"]}
                 log(f"{sampler}: {forecast}, {schedule}: {psnr:.1f} dB")
+        out.setdefault("fits", {})[sampler] = {}
+        for name, (forecast, factory) in FITS.items():
+            for interval in FIT_INTERVALS:
+                mode = M.cached(M.PLAIN, interval, forecast=forecast, schedule="time")
+                with _forecaster(factory):
+                    samples, counts = B.run_sampling(model, mode, noise, labels, sigmas, sampler)
+                psnr = float(psnr_ssim(samples, plain)[0].mean())
+                out["fits"][sampler][f"{name}, N={interval}"] = {"psnr": psnr, "full": counts[0]["full"]}
+                log(f"{sampler}: {name}, N={interval}: {psnr:.1f} dB")
     return out
 
 
@@ -123,6 +160,12 @@ def section(data: dict, meta: dict) -> str:
     lines += ["|---|" + "---:|" * len(samplers)]
     for key in data["schedule"][samplers[0]]:
         cells = [f"{data['schedule'][s][key]['psnr']:.1f}, {data['schedule'][s][key]['full']} full" for s in samplers]
+        lines.append(f"| {key} | " + " | ".join(cells) + " |")
+    lines += ["", "**Higher-order and global fits** of the deep features, time schedule (PSNR, full steps of 20):", ""]
+    lines += ["| forecast, N | " + " | ".join(S.LABELS[s] for s in samplers) + " |"]
+    lines += ["|---|" + "---:|" * len(samplers)]
+    for key in data["fits"][samplers[0]]:
+        cells = [f"{data['fits'][s][key]['psnr']:.1f}, {data['fits'][s][key]['full']} full" for s in samplers]
         lines.append(f"| {key} | " + " | ".join(cells) + " |")
     return "\n".join([*lines, END])
 

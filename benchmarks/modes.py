@@ -6,7 +6,7 @@ level only; :mod:`benchmarks.comfy_builtin`), our settings records, and the cach
 A mode is applied to a bare UNet for one sampling run (re-applied for the next: plan reuse starts afresh); our
 modes start from the extension's defaults (``ToMeSettings()``) and change only what their name says, except that
 DeepCache's modes (``cache-N``) pin ``cache_forecast`` to off, and every cached mode of :func:`cached` pins
-``cache_schedule`` to uniform unless its name says adaptive: they are the modes of the earlier runs.
+``cache_schedule`` to uniform unless its name says adaptive or time (the modes of the earlier runs keep their names).
 """
 
 from __future__ import annotations
@@ -99,20 +99,31 @@ auto level is 2 already)."""
 
 
 def cached(
-    mode: Mode, interval: int, start: float = 0.0, forecast: str = "off", threshold: float | None = None
+    mode: Mode,
+    interval: int,
+    start: float = 0.0,
+    forecast: str = "off",
+    threshold: float | None = None,
+    schedule: str = "uniform",
 ) -> Mode:
     """``mode`` with the step cache (branch 0) at ``interval`` (from ``start``); on plain: the cache alone. ``forecast``
-    off: DeepCache (``cache-N``); ``linear``: ours (``cache-N-linear``). ``threshold``: the adaptive schedule, with
-    ``interval`` the longest run without a full step (``cache-adaptive-T-N-linear``)."""
+    off: DeepCache (``cache-N``); else ours (``cache-N-linear``, ``cache-N-calibrated``). ``schedule``: uniform (the
+    earlier runs' modes) or time (``cache-N-calibrated-time``: the defaults since issue 27). ``threshold``: the adaptive
+    schedule, with ``interval`` the longest run without a full step (``cache-adaptive-T-N-linear``)."""
     base = mode.settings if mode.settings is not None else {"ratio": 0.0}
     kind = f"adaptive-{threshold:g}-{interval}" if threshold is not None else f"{interval}"
-    suffix = "" if forecast == "off" else f"-{forecast}"
+    suffix = ("" if forecast == "off" else f"-{forecast}") + ("" if schedule == "uniform" else f"-{schedule}")
     name = f"cache-{kind}" + (f"-from-{start:g}" if start else "") + suffix + ("" if mode is PLAIN else f"+{mode.name}")
     what = f"adaptive {threshold:g} (at most {interval})" if threshold is not None else f"N={interval}"
-    what = f"cache {what}" + (f" from {start:.0%}" if start else "") + (f", {forecast} forecast" if suffix else "")
+    what = (
+        f"cache {what}"
+        + (f" from {start:.0%}" if start else "")
+        + (f", {forecast} forecast" if forecast != "off" else "")
+    )
+    what += f", {schedule} schedule" if schedule != "uniform" else ""
     label = f"ours: {what}" + ("" if mode is PLAIN else f" + {mode.label.removeprefix('ours: ')}")
     settings = {**base, "cache": True, "cache_interval": interval, "cache_start": start, "cache_forecast": forecast}
-    settings["cache_schedule"] = "uniform"  # the runs before the time schedule became the default (issue 27)
+    settings["cache_schedule"] = schedule
     if threshold is not None:
         settings |= {"cache_schedule": "adaptive", "cache_threshold": threshold}
     family = "deepcache" if forecast == "off" else "ours"
@@ -129,6 +140,14 @@ CACHE = (
 """The step cache alone (= DeepCache, branch 0) and with token merging (issue 14)."""
 _TODO, _EXACT = TOME[4], TOME[1]
 ADAPTIVE_THRESHOLDS = (0.04, 0.08, 0.15)
+DEFAULTS = (
+    *(cached(PLAIN, n, forecast="calibrated", schedule="time") for n in (2, 3, 4, 5, 6)),
+    *(cached(_TODO, n, forecast="calibrated", schedule="time") for n in (3, 4, 5, 6)),
+    *(cached(PLAIN, 10, forecast="calibrated", threshold=t) for t in (*ADAPTIVE_THRESHOLDS, 0.25)),
+    *(cached(_TODO, 10, forecast="calibrated", threshold=t) for t in (*ADAPTIVE_THRESHOLDS[1:], 0.25)),
+)
+"""Issue 27: the defaults since (calibrated forecast, time schedule) at every interval, alone and with ToDo, and the
+calibrated forecast with the adaptive schedule: ours on the matched-speed tables again."""
 FRONTIER = (
     cached(PLAIN, 4),
     Mode(
@@ -150,6 +169,7 @@ FRONTIER = (
     cached(_EXACT, 3, forecast="linear"),
     *(cached(PLAIN, 10, forecast="linear", threshold=t) for t in ADAPTIVE_THRESHOLDS),
     *(cached(_TODO, 10, forecast="linear", threshold=t) for t in ADAPTIVE_THRESHOLDS[1:]),
+    *DEFAULTS,
     *(
         Mode(
             f"fbcache-{t:g}",

@@ -4,8 +4,10 @@ at N = 2, 3, 4, on the trained models, PSNR of the final sample against plain's,
 For each layout and sampler of :data:`benchmarks.sampler.SAMPLERS` (20 steps, CFG 7, on the scheduler the WebUI
 gives it, timesteps as the WebUI passes them), plain runs once and every mode of :data:`FORECASTS` at every interval
 samples the same seeds from the same noise (the ancestral and SDE samplers' fresh noise from each image's own
-generator). Reported per cell: the mean PSNR with its bootstrap 95 % interval, the per-seed spread (5th–95th
-percentile) and the full steps a pass ran (out of 20). ``--resume`` keeps the cells of the saved run.
+generator), and so does each of the other families' modes (:data:`OTHERS`). Reported per cell: the mean PSNR with its
+bootstrap 95 % interval, the per-seed spread (5th–95th percentile) and the full steps a pass ran (out of 20); per
+other mode, its PSNR and its speed-up (each seed's steps priced at real width, :mod:`benchmarks.fidelity.speed`), and
+per N the best other family at DeepCache N's speed. ``--resume`` keeps the cells of the saved run.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import torch
 from benchmarks import modes as M
 from benchmarks import sampler as S
 from benchmarks.fidelity import benchmark as B
+from benchmarks.fidelity.frontier import FAMILIES, Point, family_at
 from benchmarks.fidelity.loading import load_model
 from benchmarks.fidelity.metrics import bootstrap, psnr_ssim
+from benchmarks.fidelity.speed import priced
 from benchmarks.results import RUNS, load_run_data, save_run_data, write_section
 
 BEGIN, END = "<!-- samplers:begin -->", "<!-- samplers:end -->"
@@ -46,7 +50,24 @@ FORECASTS = (
 )
 INTERVALS = (2, 3, 4)
 SUMMARY = ("deepcache", "linear", "calibrated-time")
-"""The summary's columns per layout: DeepCache, issue 23's default and the default now."""
+"""The summary's columns per layout: DeepCache, issue 23's default and the default now (then the best other family)."""
+OTHERS = (
+    "deepcache-nonuniform-3",
+    "deepcache-nonuniform-5",
+    "fbcache-0.02",
+    "fbcache-0.05",
+    "fbcache-0.1",
+    "teacache-0.1",
+    "teacache-0.2",
+    "easycache-0.02",
+    "easycache-0.05",
+    "spectrum",
+    "spectrum-window-3-warmup-2",
+    "spectrum-window-6-warmup-2",
+)
+"""The other families' modes (:mod:`benchmarks.anchors`, :data:`benchmarks.modes.FRONTIER`) run under every sampler:
+settings whose speeds span DeepCache N=2 to N=4's, so each family has a value at each N's speed."""
+OTHER_FAMILIES = tuple(f for f in FAMILIES if f not in ("deepcache", "ours"))
 
 
 def mode(forecast: Forecast, interval: int) -> M.Mode:
@@ -65,7 +86,42 @@ def cell(psnr: np.ndarray, full: int) -> dict:
     }
 
 
-def run_layout(layout: str, samplers: tuple[str, ...], seeds: int, intervals, forecasts, done: dict, save, log) -> dict:
+def other_cell(layout: str, name: str, psnr: np.ndarray, counts: list[dict[str, int]]) -> dict:
+    """An other family's cell: as :func:`cell`, with the speed-up of its steps priced at real width (mean, slowest
+    and fastest seed) in place of the full steps."""
+    speeds = [priced(layout, name, c) for c in counts]
+    out = cell(psnr, int(np.mean([c["full"] for c in counts])))
+    return out | {"speed": [float(np.mean(speeds)), min(speeds), max(speeds)]}
+
+
+def deepcache_speed(layout: str, sampler: str, n: int, row: dict) -> float | None:
+    """DeepCache N's speed-up in ``row`` (its full steps of the sampler's steps, priced at real width)."""
+    found = row.get(f"deepcache-{n}")
+    if found is None:
+        return None
+    steps = len(S.schedule(sampler, STEPS)) - 1
+    return priced(layout, f"cache-{n}", {"full": found["full"], "partial": steps - found["full"]})
+
+
+def best_other(layout: str, sampler: str, n: int, row: dict) -> tuple[float, str] | None:
+    """The most faithful other family at DeepCache N's speed (by the matched-speed tables' rule,
+    :func:`benchmarks.fidelity.frontier.family_at`): its PSNR and name; None where no family is that fast."""
+    target = deepcache_speed(layout, sampler, n, row)
+    if target is None:
+        return None
+    points = [
+        Point(name, M.MODES[name].family, *row[name]["speed"], row[name]["psnr"][0], 0.0)
+        for name in OTHERS
+        if name in row
+    ]
+    found = [(family_at(points, family, target)[0], family) for family in OTHER_FAMILIES]
+    found = [(psnr, FAMILIES[family]) for psnr, family in found if psnr is not None]
+    return max(found, default=None)
+
+
+def run_layout(
+    layout: str, samplers: tuple[str, ...], seeds: int, intervals, forecasts, others, done: dict, save, log
+) -> dict:
     model = load_model(layout)
     seed_range = range(seeds)
     noise = B.noise_for(seed_range, model.size, model.channels)
@@ -73,7 +129,7 @@ def run_layout(layout: str, samplers: tuple[str, ...], seeds: int, intervals, fo
     out = done
     for sampler in samplers:
         row = out.setdefault(sampler, {})
-        wanted = [mode(f, n) for f in forecasts for n in intervals]
+        wanted = [mode(f, n) for f in forecasts for n in intervals] + [M.MODES[name] for name in others]
         if all(m.name in row for m in wanted):
             continue
         sigmas = S.schedule(sampler, STEPS)
@@ -86,7 +142,10 @@ def run_layout(layout: str, samplers: tuple[str, ...], seeds: int, intervals, fo
             start = time.perf_counter()
             samples, counts = B.run_sampling(model, m, noise, labels, sigmas, sampler)
             psnr, _ = psnr_ssim(samples, plain)
-            row[m.name] = cell(psnr, counts[0]["full"] if counts else STEPS)
+            if m.name in others:
+                row[m.name] = other_cell(layout, m.name, psnr, counts)
+            else:
+                row[m.name] = cell(psnr, counts[0]["full"] if counts else STEPS)
             log(f"{layout} {S.LABELS[sampler]}: {m.name} {row[m.name]['psnr'][0]:.1f} dB, {row[m.name]['full']} full")
             log(f"  ({time.perf_counter() - start:.0f} s)")
             save()
@@ -94,7 +153,10 @@ def run_layout(layout: str, samplers: tuple[str, ...], seeds: int, intervals, fo
 
 
 def _intervals(per_sampler: dict) -> list[int]:
-    return sorted({int(k.rsplit("-", 1)[1]) for row in per_sampler.values() for k in row})
+    """The intervals our forecasts ran at (the keys ``<forecast>-<N>``)."""
+    ours = {f.name for f in FORECASTS}
+    keys = (k.rsplit("-", 1) for row in per_sampler.values() for k in row if "-" in k)
+    return sorted({int(n) for name, n in keys if name in ours})
 
 
 def section(data: dict, meta: dict) -> str:
@@ -117,16 +179,33 @@ def section(data: dict, meta: dict) -> str:
         "Summary: mean PSNR (full steps).",
         "",
     ]
-    columns = [(k, f) for k in data for f in FORECASTS if f.name in SUMMARY]
-    head = [f"{B.LAYOUT_NAMES[k].split()[0]}: {f.label.split(' (')[0]}" for k, f in columns]
+    head = []
+    for k in data:
+        short = B.LAYOUT_NAMES[k].split()[0]
+        head += [f"{short}: {f.label.split(' (')[0]}" for f in FORECASTS if f.name in SUMMARY]
+        head.append(f"{short}: best other family")
     lines += ["| sampler, N | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
     for sampler in S.SAMPLERS:
         for n in INTERVALS:
-            found = [data[k].get(sampler, {}).get(f"{f.name}-{n}") for k, f in columns]
-            if any(found):
-                cells = ["—" if c is None else f"{c['psnr'][0]:.1f} ({c['full']})" for c in found]
+            cells, any_found = [], False
+            for k in data:
+                row = data[k].get(sampler, {})
+                for f in (f for f in FORECASTS if f.name in SUMMARY):
+                    c = row.get(f"{f.name}-{n}")
+                    any_found |= c is not None
+                    cells.append("—" if c is None else f"{c['psnr'][0]:.1f} ({c['full']})")
+                best = best_other(k, sampler, n, row)
+                cells.append("—" if best is None else f"{best[0]:.1f} ({best[1]})")
+            if any_found:
                 lines.append(f"| {S.LABELS[sampler]}, N={n} | " + " | ".join(cells) + " |")
-    lines.append("")
+    lines += [
+        "",
+        "*Best other family*: the most faithful of DeepCache's non-uniform schedule, First Block Cache, TeaCache, "
+        "EasyCache and Spectrum at DeepCache N's speed (priced at real width, 1024 px), by the matched-speed tables' "
+        "rule: a family's best mode within ±5 % of it, or its frontier's value there; — where no family is that fast. "
+        "Their modes, per sampler, below.",
+        "",
+    ]
     for layout, per_sampler in data.items():
         lines += [f"### {B.LAYOUT_NAMES[layout]}: mean [bootstrap 95 %] (per-seed 5th–95th percentile), full steps", ""]
         names = [f for f in FORECASTS if any(f"{f.name}-{n}" in r for r in per_sampler.values() for n in INTERVALS)]
@@ -143,8 +222,22 @@ def section(data: dict, meta: dict) -> str:
                     cells.append(f"{mean:.1f} [{lo:.1f}, {hi:.1f}] ({c['p5']:.1f}–{c['p95']:.1f}), {c['full']}")
                 lines.append(f"| {S.LABELS[sampler]}, N={n} | " + " | ".join(cells) + " |")
         lines.append("")
+        lines += _others_table(layout, per_sampler)
     lines.append(END)
     return "\n".join(lines)
+
+
+def _others_table(layout: str, per_sampler: dict) -> list[str]:
+    """The other families' modes under each sampler: mean PSNR and mean speed-up."""
+    names = [n for n in OTHERS if any(n in row for row in per_sampler.values())]
+    if not names:
+        return []
+    lines = [f"{B.LAYOUT_NAMES[layout]}, the other families: mean PSNR, mean speed-up (real width, 1024 px)", ""]
+    lines += ["| sampler | " + " | ".join(M.MODES[n].label for n in names) + " |", "|---|" + "---:|" * len(names)]
+    for sampler, row in per_sampler.items():
+        cells = ["—" if n not in row else f"{row[n]['psnr'][0]:.1f}, {row[n]['speed'][0]:.2f}×" for n in names]
+        lines.append(f"| {S.LABELS[sampler]} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -154,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samplers", default=",".join(S.SAMPLERS))
     parser.add_argument("--intervals", default=",".join(map(str, INTERVALS)))
     parser.add_argument("--forecasts", default=",".join(f.name for f in FORECASTS))
+    parser.add_argument("--others", default=",".join(OTHERS), help="the other families' modes ('' for none)")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--part", default="", help="a name for this part of the run (runs side by side, merged)")
     parser.add_argument("--render", action="store_true", help="only write the RESULTS.md section from the saved runs")
@@ -172,7 +266,10 @@ def main(argv: list[str] | None = None) -> None:
         seconds = before + time.perf_counter() - start
         save_run_data(name, data, {"seeds": args.seeds, "seconds": round(seconds, 1), "layout": args.layout})
 
-    run_layout(args.layout, tuple(args.samplers.split(",")), args.seeds, intervals, forecasts, data, save, print)
+    others = tuple(n for n in args.others.split(",") if n)
+    run_layout(
+        args.layout, tuple(args.samplers.split(",")), args.seeds, intervals, forecasts, others, data, save, print
+    )
     save()
     render()
 

@@ -95,8 +95,19 @@ def test_the_sampler_table_merges_the_parts_of_a_run_a_later_cell_replacing_the_
     def cell(psnr: float, full: int) -> dict:
         return {"psnr": [psnr, psnr - 1, psnr + 1], "p5": psnr - 2, "p95": psnr + 2, "full": full}
 
+    def other(psnr: float, speed: float) -> dict:
+        return cell(psnr, 8) | {"speed": [speed, speed, speed]}
+
     runs = tmp_path / "runs"
-    main = {"euler": {"deepcache-3": cell(30.0, 8), "calibrated-time-3": cell(33.0, 8)}}
+    main = {
+        "euler": {
+            "deepcache-3": cell(30.0, 8),
+            "calibrated-time-3": cell(33.0, 8),
+            "fbcache-0.05": other(20.0, 2.06),
+            "deepcache-nonuniform-3": other(29.0, 2.0),
+            "spectrum": other(40.0, 1.2),  # more faithful, but slower than DeepCache N=3: not at its speed
+        }
+    }
     part = {"euler": {"calibrated-time-3": cell(35.0, 8)}, "ddim": {"deepcache-3": cell(31.0, 7)}}
     results.save_run_data("samplers-sd15", main, {"seeds": 4, "seconds": 60.0}, runs)
     results.save_run_data("samplers-sd15-b", part, {"seeds": 4, "seconds": 30.0}, runs)
@@ -108,5 +119,22 @@ def test_the_sampler_table_merges_the_parts_of_a_run_a_later_cell_replacing_the_
     )
     samplers.render()
     text = out.read_text(encoding="utf-8")
-    assert "| Euler, N=3 | 30.0 (8) | — | 35.0 (8) |" in text  # the part's re-run replaced the main cell
-    assert "| DDIM, N=3 | 31.0 (7) | — | — |" in text and "4 seeds, 2 min" in text
+    # the part's re-run replaced the main cell; the best other family at DeepCache N=3's speed (2.05x), within ±5 %
+    assert "| Euler, N=3 | 30.0 (8) | — | 35.0 (8) | 29.0 (DeepCache non-uniform) |" in text
+    assert "| DDIM, N=3 | 31.0 (7) | — | — | — |" in text and "4 seeds, 2 min" in text
+    assert "| Euler | 29.0, 2.00× | 20.0, 2.06× | 40.0, 1.20× |" in text  # the other families' modes
+
+
+def test_the_sampler_table_prices_the_other_families_modes_seed_by_seed():
+    from benchmarks import samplers
+    from benchmarks.fidelity.speed import priced
+
+    saves = []
+    data = samplers.run_layout(
+        "sd15", ("euler",), 2, (3,), samplers.FORECASTS[:1], ("fbcache-0.05",), {}, lambda: saves.append(1), str
+    )
+    row = data["euler"]
+    assert set(row) == {"deepcache-3", "fbcache-0.05"} and len(saves) == 2
+    mean, slowest, fastest = row["fbcache-0.05"]["speed"]
+    assert 1 < slowest <= mean <= fastest and row["deepcache-3"]["full"] == 8
+    assert samplers.deepcache_speed("sd15", "euler", 3, row) == priced("sd15", "cache-3", {"full": 8, "partial": 12})

@@ -261,6 +261,17 @@ class Plan:
     """Per layout, samplers whose modes or sides differ from ``samplers``."""
 
 
+DPMPP_DEFAULTS = (
+    "cache-2-calibrated-time",
+    "cache-3-calibrated-time",
+    "cache-4-calibrated-time",
+    "cache-5-calibrated-time",
+    "cache-3-calibrated-time+todo-2",
+    "cache-4-calibrated-time+todo-2",
+    "cache-5-calibrated-time+todo-2",
+    "cache-adaptive-0.08-10-calibrated",
+)
+"""Issue 27's defaults under DPM++ 2M, near 2x, 3x and 4x."""
 DPMPP_FRONTIER = (
     "cache-4",
     "deepcache-nonuniform-3",
@@ -275,13 +286,22 @@ DPMPP_FRONTIER = (
     "teacache-0.1",
     "easycache-0.05",
     "spectrum",
+    *DPMPP_DEFAULTS,
 )
 """Under DPM++ 2M, issue 23's caches near 2x, 3x and 4x: DeepCache's and ours, one setting of each other cache (the
-sweeps run under Euler)."""
+sweeps run under Euler), and ours at the defaults since issue 27."""
 DPMPP_MODES = ("plain", "cache-3", "cache-3-from-0.2", "cache-3+exact-0.5", *DPMPP_FRONTIER)
 """DPM++ 2M, where early cached steps are reported to hurt (DeepCache #9): the cache with and without a late start,
 and the caches side by side."""
-SDXL_DPMPP_LEFT_OUT = ("cache-3+exact-0.5", "cache-4", "cache-2-linear", "cache-4-linear", "cache-4-linear+todo-2")
+SDXL_DPMPP_LEFT_OUT = (
+    "cache-3+exact-0.5",
+    "cache-4",
+    "cache-2-linear",
+    "cache-4-linear",
+    "cache-4-linear+todo-2",
+    "cache-2-calibrated-time",
+    "cache-4-calibrated-time+todo-2",
+)
 """Under DPM++ on SDXL (a sampling run costs 2.5x SD1.5's here): the caches near 3x and 4x, not the ones between."""
 TOME_MODES = ("plain", "tomesd", *(m.name for m in modes_.TOME))
 """Every token-merging mode (issue 16's list), at both sides on both layouts."""

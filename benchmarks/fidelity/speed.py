@@ -10,6 +10,8 @@ from benchmarks.results import RUNS, load_run_data
 SUITE_VARIANT = {"tomesd": "tomesd", "exact-0.5": "exact", "share+interval": "share+interval", "todo-2": "downsample"}
 """Our fidelity modes as the suite's ``--real`` variants (the same settings)."""
 CONFIG = {"sd15": "SD1.5 1024 px", "sdxl": "SDXL 1024 px"}
+FORECAST_COSTS = {"linear": ("slope", "forecast"), "calibrated": ("calibration", "calibrated")}
+"""Per forecast, ``benchmarks.cache_costs``' kinds of its update on a full step and of its forecast on a cached one."""
 
 
 def speedups(layout: str, runs=None) -> dict[str, float]:
@@ -113,7 +115,7 @@ def _extra_costs(layout: str, runs=None):
 def priced(layout: str, name: str, counts: dict[str, int], runs=None) -> float | None:
     """The speed-up over plain at 1024 px, real width, of a run of mode ``name`` whose steps were counted (``counts``:
     kind → steps, :data:`benchmarks.anchors.KINDS`), priced with the real-width costs: our modes' full and cached steps
-    from ``benchmarks.cache`` (with their token merging), the linear forecast's and the adaptive signal's extra, the
+    from ``benchmarks.cache`` (with their token merging), the forecast's (:data:`FORECAST_COSTS`) and the adaptive signal's extra, the
     other caches' skipped steps from ``benchmarks.cache_costs``. None where a cost was never measured."""
     from benchmarks import modes
 
@@ -127,14 +129,16 @@ def priced(layout: str, name: str, counts: dict[str, int], runs=None) -> float |
         skip = extra["spectrum"] if name.startswith("spectrum") else extra["skip"]
         seconds = counts["full"] * plain + counts["first"] * extra["first"] + counts["skip"] * skip
         return steps * plain / seconds
-    tome = _tome_of(name.replace("-linear", ""))
-    tome = "plain" if tome.startswith(("cache-", "deepcache-")) else tome
+    tome = _tome_of(name)
+    tome = "plain" if tome.startswith("deepcache-") else tome
     if tome not in costs.full or tome not in costs.cached:
         return None
     settings = mode.settings or {}
     full, partial = costs.cost("full", tome), costs.cost("cached", tome)
-    if settings.get("cache_forecast", "linear") == "linear":
-        full, partial = full + extra["slope"], partial + extra["forecast"]
+    forecast = settings.get("cache_forecast", "off")
+    if forecast != "off":
+        update, predict = FORECAST_COSTS[forecast]
+        full, partial = full + extra[update], partial + extra[predict]
     if settings.get("cache_schedule") == "adaptive":
         full, partial = full + extra["signal"], partial + extra["signal"]
     return steps * plain / (counts["full"] * full + counts["partial"] * partial)

@@ -1,0 +1,102 @@
+"""Higher-order and global forecasts of the deep features, for :mod:`benchmarks.forecast_study` only (issue 27: "compare
+with a higher-order or global fit"), each written from its paper's description, none from its code. Each keeps what
+:class:`tome_core.forecast.Track` keeps per stream and answers the same calls (``add``, ``predict``, ``nbytes``), so the
+study runs it on the real step cache in place of ``Track``; times are the UNet's timesteps, read back as numbers (a
+study may synchronise).
+
+With ``x`` the cached step's distance past the last full step in units of the last interval between full steps, and
+``Δ1 = d2 - d1``, ``Δ2`` the backward differences of the last three full steps' deep features per that interval
+(``d2 - 2 d1 + d0`` where the three are evenly spaced; from the divided differences where not, so that a straight
+trajectory has none):
+
+* **TaylorSeer, order 2** (arXiv 2503.06923): ``d2 + Δ1 x + Δ2 x² / 2``, the differences taken as derivatives per
+  interval; with fewer than three full steps, order 1 (our linear forecast);
+* **HiCache** (arXiv 2508.16984): the same terms on scaled physicists' Hermite polynomials instead of powers,
+  ``H_n(σx) / (2σ)^n`` (monic: ``x`` and ``x² - 1/(2σ²)``), which pulls the second-order term back where ``x`` is
+  small (``σ`` is ours: 1);
+* **Spectrum** (arXiv 2603.01623): a ridge fit (``lam`` 0.5) of Chebyshev polynomials up to degree 6 of the time over
+  the last 8 full steps, blended ``w : 1 - w`` with the linear forecast (its defaults: ``w`` 0.25; and ``w`` 1, the fit
+  alone).
+
+Times enter as the timestep (TaylorSeer's and HiCache's ``x`` from it, so uneven spacings are honoured as the linear
+forecast honours them); Spectrum maps the timestep to [-1, 1] over 0–1000.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.anchors import chebyshev_ridge
+
+
+class History:
+    """The last ``keep`` full steps' (time, deep features) of one stream; before two are known, the last is reused."""
+
+    keep = 3
+
+    def __init__(self, forecast: str = "linear") -> None:
+        self.points: list[tuple[float, torch.Tensor]] = []
+
+    def add(self, time, deep: torch.Tensor, probe: torch.Tensor | None = None) -> None:
+        if self.points and self.points[-1][1].shape != deep.shape:
+            self.points = []
+        self.points = [*self.points, (float(time), deep)][-self.keep :]
+
+    @property
+    def deep(self) -> torch.Tensor | None:
+        return self.points[-1][1] if self.points else None
+
+    def predict(self, time, probe: torch.Tensor | None = None) -> torch.Tensor | None:
+        if len(self.points) < 2:
+            return self.deep
+        (t1, _), (t2, _) = self.points[-2:]
+        x = (float(time) - t2) / (t2 - t1) if t2 != t1 else 0.0
+        return self.extrapolate(x, float(time))
+
+    def extrapolate(self, x: float, time: float) -> torch.Tensor:
+        (_, d1), (_, d2) = self.points[-2:]
+        return d2 + x * (d2 - d1)
+
+    def nbytes(self) -> int:
+        return sum(d.numel() * d.element_size() for _, d in self.points)
+
+
+class Taylor(History):
+    """TaylorSeer, order 2 (see the module)."""
+
+    def extrapolate(self, x: float, time: float) -> torch.Tensor:
+        if len(self.points) < 3:
+            return super().extrapolate(x, time)
+        (t0, d0), (t1, d1), (t2, d2) = self.points
+        if len({t0, t1, t2}) < 3:
+            return super().extrapolate(x, time)
+        # the second difference per the last interval, from the divided differences (d2 - 2 d1 + d0 where even)
+        second = 2 * (t2 - t1) ** 2 / (t2 - t0) * ((d2 - d1) / (t2 - t1) - (d1 - d0) / (t1 - t0))
+        return d2 + x * (d2 - d1) + self.second(x) * second
+
+    def second(self, x: float) -> float:
+        return x * x / 2
+
+
+class Hermite(Taylor):
+    """HiCache's scaled Hermite basis at order 2 (see the module)."""
+
+    sigma = 1.0
+
+    def second(self, x: float) -> float:
+        return (x * x - 1 / (2 * self.sigma**2)) / 2
+
+
+class Chebyshev(History):
+    """Spectrum's Chebyshev ridge fit over the last 8 full steps, blended with the linear forecast (see the module)."""
+
+    keep, degree, lam = 8, 6, 0.5
+
+    def __init__(self, forecast: str = "linear", w: float = 0.25) -> None:
+        super().__init__(forecast)
+        self.w = w
+
+    def extrapolate(self, x: float, time: float) -> torch.Tensor:
+        linear = super().extrapolate(x, time)
+        history = [(t / 1000 * 2 - 1, d) for t, d in self.points]
+        return (1 - self.w) * linear + self.w * chebyshev_ridge(history, time / 1000 * 2 - 1, self.degree, self.lam)

@@ -1,0 +1,96 @@
+"""The forecast study's higher-order and global fits (``benchmarks.forecasters``, issue 27) and the fidelity benchmark's
+price of the calibrated forecast."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tome_core.cache as step_cache
+from benchmarks import forecast_study, modes
+from benchmarks import forecasters as F
+from benchmarks import sampler as S
+from benchmarks.anchors import chebyshev_ridge
+from benchmarks.fidelity import benchmark as B
+from benchmarks.fidelity import speed
+from benchmarks.fidelity.loading import load_model
+from tome_core.forecast import Track
+
+
+def _fed(forecaster, times, f):
+    for t in times:
+        forecaster.add(torch.tensor(float(t)), f(t))
+    return forecaster
+
+
+@pytest.mark.parametrize("cls", [F.Taylor, F.Hermite])
+def test_taylor_and_hermite_continue_a_straight_trajectory_exactly_at_any_spacing(cls):
+    base, slope = torch.randn(2, 4, 3, 3), torch.randn(2, 4, 3, 3)
+    line = lambda t: base + slope * (t / 100)  # noqa: E731
+    forecaster = _fed(cls(), (900.0, 780.0, 500.0), line)
+    torch.testing.assert_close(forecaster.predict(torch.tensor(300.0)), line(300.0), rtol=1e-5, atol=1e-5)
+
+
+def test_taylor_takes_the_backward_differences_as_derivatives_and_hermite_shifts_the_second_order_term():
+    d = [torch.full((1, 2), v) for v in (1.0, 2.0, 5.0)]  # Δ1 = 3, Δ2 = 2
+    taylor, hermite = F.Taylor(), F.Hermite()
+    for t, x in zip((30.0, 20.0, 10.0), d):
+        taylor.add(t, x)
+        hermite.add(t, x)
+    # x = 1.5 intervals past the last full step: 5 + 3·1.5 + 2·1.5²/2, and Hermite's x² - 1/2 in place of x²
+    assert taylor.predict(-5.0)[0, 0].item() == pytest.approx(5 + 4.5 + 2.25)
+    assert hermite.predict(-5.0)[0, 0].item() == pytest.approx(5 + 4.5 + (2.25 - 0.5))
+    assert F.Taylor().predict(1.0) is None and _fed(F.Taylor(), (30, 20), lambda t: d[0] * t).predict(0.0).sum() == 0
+
+
+def test_spectrums_fit_is_exact_on_a_polynomial_of_its_degree_and_its_blend_weight_zero_is_linear():
+    torch.manual_seed(0)
+    c = torch.randn(4, 5)
+    cubic = lambda tau: c[0] + c[1] * tau + c[2] * tau**2 + c[3] * tau**3  # noqa: E731
+    history = [(tau, cubic(tau)) for tau in (-0.9, -0.7, -0.4, -0.2, 0.0, 0.3)]
+    torch.testing.assert_close(chebyshev_ridge(history, 0.5, 3, 0.0), cubic(0.5), rtol=1e-4, atol=1e-4)
+    f = lambda t: torch.full((1, 3), float(t) ** 2)  # noqa: E731
+    blended, linear = _fed(F.Chebyshev(w=0.0), (900, 700, 500), f), _fed(F.History(), (900, 700, 500), f)
+    assert torch.equal(blended.predict(400.0), linear.predict(400.0))
+    assert len(_fed(F.Chebyshev(), range(1000, 0, -100), f).points) == 8  # the last 8 full steps
+
+
+def test_the_study_runs_a_forecaster_on_the_real_step_cache_and_puts_the_caches_own_back():
+    model = load_model("sd15")
+    noise, labels = B.noise_for(range(2), model.size, model.channels), B.labels_for(range(2), len(model.classes))
+    sigmas = S.schedule("euler", 8)
+    mode = modes.cached(modes.PLAIN, 2, forecast="linear", schedule="time")
+    predicted = []
+
+    class Counted(F.Taylor):
+        def predict(self, time, probe=None):
+            predicted.append(len(self.points))
+            return super().predict(time, probe)
+
+    linear, _ = B.run_sampling(model, mode, noise, labels, sigmas, "euler")
+    with forecast_study._forecaster(Counted):
+        taylor, counts = B.run_sampling(model, mode, noise, labels, sigmas, "euler")
+    assert step_cache.Track is Track
+    assert 3 in predicted and counts[0]["partial"] == len(predicted)  # order 2 once three full steps are known
+    assert not torch.equal(taylor, linear)
+    again, _ = B.run_sampling(model, mode, noise, labels, sigmas, "euler")
+    assert torch.equal(again, linear)
+
+
+def test_the_defaults_modes_run_the_defaults_and_are_priced_with_the_calibrated_forecasts_costs():
+    defaults = {m.name: m for m in modes.DEFAULTS}
+    mode = defaults["cache-3-calibrated-time+todo-2"]
+    assert mode.family == "ours" and mode.settings["cache_forecast"] == "calibrated"
+    assert mode.settings["cache_schedule"] == "time" and mode.settings["method"] == "downsample"
+    assert defaults["cache-adaptive-0.08-10-calibrated"].settings["cache_schedule"] == "adaptive"
+    assert modes.MODES["cache-3-linear"].settings["cache_schedule"] == "uniform"  # the earlier runs' modes
+    counts = {"full": 8, "partial": 12}
+    costs, extra = speed._step_costs("sd15"), speed._extra_costs("sd15")
+    full, cached = costs.cost("full", "plain"), costs.cost("cached", "plain")
+    for name, (update, predict) in (
+        ("cache-3-linear", speed.FORECAST_COSTS["linear"]),
+        ("cache-3-calibrated-time", speed.FORECAST_COSTS["calibrated"]),
+    ):
+        expected = 20 * full / (8 * (full + extra[update]) + 12 * (cached + extra[predict]))
+        assert speed.priced("sd15", name, counts) == pytest.approx(expected)
+    assert speed.priced("sd15", "cache-3", counts) == pytest.approx(20 * full / (8 * full + 12 * cached))
