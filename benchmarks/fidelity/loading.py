@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from . import architectures as A
-from . import data
+from . import data, flux
 from .classifier import Classifier
 
 
@@ -46,6 +46,11 @@ def load_model(name: str, path: str | None = None) -> Model:
     _load(unet, {k.removeprefix("unet."): v for k, v in state.items() if k.startswith("unet.")})
     _load(conditioner, {k.removeprefix("conditioner."): v for k, v in state.items() if k.startswith("conditioner.")})
     return Model(name, unet, conditioner, data.CLASSES, arch.size, arch.channels)
+
+
+def load_flux(path: str | None = None) -> flux.FluxLayout:
+    """The shipped FLUX-layout model (:mod:`.flux`; ``path``: another weights file of the same architecture)."""
+    return _load(flux.build(len(data.CLASSES)), load_file(str(path or A.weights_path(flux.NAME))))
 
 
 @functools.cache

@@ -27,10 +27,10 @@ from safetensors.torch import save_file
 from torch import nn
 
 from . import architectures as M
-from . import data
+from . import data, flux
 from .classifier import Classifier
 
-DEFAULT_STEPS = {"sd15": 2300, "sdxl": 2800, "classifier": 1500}
+DEFAULT_STEPS = {"sd15": 2300, "sdxl": 2800, "flux": 5000, "classifier": 1500}
 BATCH = 16
 BIG_EVERY = 8  # every 8th step: side x2, batch / 4 (the same number of pixels)
 LABEL_DROPOUT = 0.1
@@ -54,26 +54,49 @@ def train_unet(
     written to ``partial`` (to look at samples while it trains)."""
     arch = M.ARCHITECTURES[name]
     unet, conditioner = M.build(arch, len(data.CLASSES), seed)
-    model = nn.ModuleDict({"unet": unet, "conditioner": conditioner}).train()
+    ab = M.alphas_cumprod().float()
+
+    def loss(model: nn.Module, x0: torch.Tensor, labels: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        t = torch.randint(M.TIMESTEPS, (len(x0),), generator=gen)
+        noise = torch.randn(x0.shape, generator=gen)
+        a = ab[t].view(-1, 1, 1, 1)
+        xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
+        return (model["unet"](xt, t, **model["conditioner"](labels)) - noise).pow(2).mean()
+
+    model = nn.ModuleDict({"unet": unet, "conditioner": conditioner})
+    return _train(model, loss, arch.size, steps, seed, log, partial)
+
+
+def train_flux(steps: int, seed: int, log, partial: Path | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """The FLUX-layout model (:mod:`.flux`) by rectified flow: the velocity ``ε − x₀`` at a logit-normal time σ."""
+
+    def loss(model: nn.Module, x0: torch.Tensor, labels: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        sigma = torch.sigmoid(torch.randn(len(x0), generator=gen))
+        noise = torch.randn(x0.shape, generator=gen)
+        s = sigma.view(-1, 1, 1, 1)
+        return (model((1 - s) * x0 + s * noise, sigma, labels) - (noise - x0)).pow(2).mean()
+
+    return _train(flux.build(len(data.CLASSES), seed), loss, flux.SIZE, steps, seed, log, partial)
+
+
+def _train(model: nn.Module, loss_of, size: int, steps: int, seed: int, log, partial: Path | None):
+    """The training loop both kinds of model share: batches drawn from the step's seed (every 8th at twice the side),
+    label dropout, AdamW with warm-up and cosine decay, clipping, EMA; ``loss_of(model, x0, labels, generator)``."""
+    model = model.train()
     ema = copy.deepcopy(model).eval().requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
-    ab = M.alphas_cumprod().float()
     gen = torch.Generator().manual_seed(seed)
     losses: list[float] = []
     start, cpu = time.perf_counter(), time.process_time()
     for step in range(steps):
         big = step % BIG_EVERY == BIG_EVERY - 1
-        size, batch = (2 * arch.size, BATCH // 4) if big else (arch.size, BATCH)
-        x0, labels = data.draw(batch, size, _batch_seed(seed, step))
+        side, batch = (2 * size, BATCH // 4) if big else (size, BATCH)
+        x0, labels = data.draw(batch, side, _batch_seed(seed, step))
         drop = torch.rand(batch, generator=gen) < LABEL_DROPOUT
         labels = torch.where(drop, torch.full_like(labels, -1), labels)
-        t = torch.randint(M.TIMESTEPS, (batch,), generator=gen)
-        noise = torch.randn(x0.shape, generator=gen)
-        a = ab[t].view(-1, 1, 1, 1)
-        xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
         for group in opt.param_groups:
             group["lr"] = _lr(step, steps)
-        loss = (unet(xt, t, **conditioner(labels)) - noise).pow(2).mean()
+        loss = loss_of(model, x0, labels, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -139,6 +162,15 @@ def model_card(name: str, stats: dict, seed: int, threads: int) -> str:
         )
         arch = "conv 32-64-128 (3×3, GroupNorm, SiLU, stride-2 down), global average pool → 128-d features → 10 logits"
         recipe = f"AdamW lr 2e-3 cosine, batch 64, {stats['steps']} steps; held-out accuracy {stats['held_out_accuracy']:.1%}"
+    elif name == flux.NAME:
+        layout = flux.__doc__.split("\n\n")[0].split("(issue 26): ", 1)[1]
+        what = " ".join(f"The `{name}` model of `benchmarks/fidelity/flux.py` (issue 26): {layout}".split())
+        arch = f"diffusers `FluxTransformer2DModel` {json.dumps(flux.CONFIG)}, 2×2 patches of RGB pixels, text {flux.TEXT_DIM} ({M.CONTEXT_TOKENS} tokens per label) and a pooled vector {flux.TEXT_DIM}"
+        recipe = (
+            f"rectified flow (velocity ε − x₀ at a logit-normal time σ), batch {BATCH} at {flux.SIZE} px "
+            f"(every {BIG_EVERY}th batch {BATCH // 4} at {2 * flux.SIZE} px), label dropout {LABEL_DROPOUT:.0%}, "
+            f"AdamW lr {LR:g} (warm-up {WARMUP}, cosine to 10 %), clip 1.0, EMA {EMA} (shipped, float16)"
+        )
     else:
         a = M.ARCHITECTURES[name]
         layout = " ".join(M.__doc__.split("* ``" + name + "``: ")[1].split("\n*")[0].split())
@@ -175,7 +207,7 @@ def model_card(name: str, stats: dict, seed: int, threads: int) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, choices=[*M.ARCHITECTURES, "classifier"])
+    parser.add_argument("--model", required=True, choices=[*M.ARCHITECTURES, flux.NAME, "classifier"])
     parser.add_argument("--steps", type=int, help="default: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
@@ -191,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.model == "classifier":
         weights, stats = train_classifier(steps, args.seed, log)
+    elif args.model == flux.NAME:
+        weights, stats = train_flux(steps, args.seed, log, args.partial)
     else:
         weights, stats = train_unet(args.model, steps, args.seed, log, args.partial)
     args.out.mkdir(parents=True, exist_ok=True)
