@@ -1,0 +1,245 @@
+"""What one step of FLUX.1 costs at its real width, block by block, and what a step cache could save there
+(``python -m benchmarks.dit_costs``; issue 26's speed at real width).
+
+    python -m benchmarks.dit_costs            # FLUX.1 at 1024 px on the CPU, one thread (a few minutes)
+    python -m benchmarks.dit_costs --quick    # tiny sizes: prints only (CI runs it)
+    python -m benchmarks.dit_costs --render   # the section again from benchmarks/runs/dit-costs-cpu.json
+
+The blocks are diffusers' ``FluxTransformerBlock`` (double stream) and ``FluxSingleTransformerBlock`` (single
+stream), random weights, built one at a time (FLUX.1's width: hidden 3072 = 24 heads of 128; 4096 image tokens at
+1024 px and 512 text tokens). Per round, interleaved (process CPU time, medians):
+
+* ``double``, ``single``: one block's forward;
+* ``outside``: everything of the model's forward outside its blocks (embeddings, RoPE, the final norm and
+  projection: the model built with no blocks);
+* ``forecast`` / ``calibrated``: our linear / calibrated forecast (:class:`tome_core.forecast.Track`) of a hidden
+  state as large as the joint sequence, and ``calibration``: the calibrated one's update at a full step;
+* ``signal``: the relative L1 change of a probe's output (First Block Cache's decision, on every 4th token and
+  channel as our adaptive schedule subsamples).
+
+From them: a full step (``outside`` + 19 double + 38 single blocks), a cached step that runs the model's outside
+and its first double block as the probe and forecasts the rest, and the 20-step speed-ups of the uniform schedule
+at N = 2 … 5 (first and last step full). The same costs at a reduced width are checked against the whole model's
+forward at that width (all 57 blocks): the sum of the parts within a few percent of the whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from benchmarks.results import load_run_data, run_meta, save_run_data, write_section
+from benchmarks.timing import Timer
+from tome_core.forecast import Track
+
+BEGIN, END = "<!-- dit-costs:begin -->", "<!-- dit-costs:end -->"
+KINDS = ("double", "single", "outside", "forecast", "calibrated", "calibration", "signal")
+INTERVALS = (2, 3, 4, 5)
+STEPS = 20
+
+
+@dataclass(frozen=True)
+class Config:
+    """A FLUX-layout model's width and sequence: ``heads`` × ``head_dim`` hidden, image and text tokens, and its
+    blocks (FLUX.1: 19 double-stream, 38 single-stream)."""
+
+    name: str
+    heads: int
+    head_dim: int
+    image_tokens: int
+    text_tokens: int
+    double: int = 19
+    single: int = 38
+
+    @property
+    def hidden(self) -> int:
+        return self.heads * self.head_dim
+
+    def model(self, double: int = 0, single: int = 0) -> torch.nn.Module:
+        """``FluxTransformer2DModel`` at this width with ``double`` and ``single`` blocks (random weights)."""
+        from diffusers import FluxTransformer2DModel
+
+        rope = (self.head_dim // 8, 7 * self.head_dim // 16, 7 * self.head_dim // 16)  # FLUX.1: 16, 56, 56
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            return FluxTransformer2DModel(
+                in_channels=64,
+                num_layers=double,
+                num_single_layers=single,
+                attention_head_dim=self.head_dim,
+                num_attention_heads=self.heads,
+                joint_attention_dim=4096,
+                pooled_projection_dim=768,
+                guidance_embeds=True,
+                axes_dims_rope=rope,
+            ).eval()
+
+    def inputs(self) -> dict[str, torch.Tensor]:
+        """The model's inputs for one image: packed latents, text, pooled vector, time, guidance, positions."""
+        gen = torch.Generator().manual_seed(0)
+        side = int(self.image_tokens**0.5)
+        rows, cols = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+        return {
+            "hidden_states": torch.randn(1, self.image_tokens, 64, generator=gen),
+            "encoder_hidden_states": torch.randn(1, self.text_tokens, 4096, generator=gen),
+            "pooled_projections": torch.randn(1, 768, generator=gen),
+            "timestep": torch.tensor([0.6]),
+            "guidance": torch.tensor([3.5]),
+            "img_ids": torch.stack([torch.zeros_like(rows), rows, cols], -1).reshape(-1, 3).float(),
+            "txt_ids": torch.zeros(self.text_tokens, 3),
+        }
+
+
+REAL = Config("FLUX.1 1024 px", 24, 128, 4096, 512)
+CHECK = Config("FLUX.1 layout, hidden 384, 1024 px", 3, 128, 4096, 512)
+QUICK = Config("tiny", 2, 32, 64, 8, 2, 3)
+
+
+@dataclass
+class BlockCosts:
+    """One configuration's seconds per kind (lists: one per round); ``whole``: the whole model's forward at this
+    width, where it was timed (the check)."""
+
+    config: dict
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+    whole: list[float] = field(default_factory=list)
+
+    def cost(self, kind: str) -> float:
+        return statistics.median(self.seconds[kind])
+
+    @property
+    def blocks(self) -> Config:
+        return Config(**self.config)
+
+    def full_step(self) -> float:
+        c = self.blocks
+        return self.cost("outside") + c.double * self.cost("double") + c.single * self.cost("single")
+
+    def cached_step(self) -> float:
+        """A cached step: the model's outside, the first double block (the probe), the calibrated forecast."""
+        return self.cost("outside") + self.cost("double") + self.cost("calibrated")
+
+    def speedup(self, interval: int, steps: int = STEPS) -> float:
+        full = len({*range(0, steps, interval), steps - 1})
+        seconds = full * (self.full_step() + self.cost("calibration")) + (steps - full) * self.cached_step()
+        return steps * self.full_step() / seconds
+
+
+def measure(config: Config, rounds: int, log, whole: bool = False) -> BlockCosts:
+    inputs = config.inputs()
+    outside = config.model()
+    with torch.no_grad():  # the blocks' inputs, as the model hands them on
+        temb = outside.time_text_embed(
+            inputs["timestep"] * 1000, inputs["guidance"] * 1000, inputs["pooled_projections"]
+        )
+        img = outside.x_embedder(inputs["hidden_states"])
+        txt = outside.context_embedder(inputs["encoder_hidden_states"])
+        rope = outside.pos_embed(torch.cat([inputs["txt_ids"], inputs["img_ids"]]))
+    one = config.model(double=1, single=1)
+    double, single = one.transformer_blocks[0], one.single_transformer_blocks[0]
+    gen = torch.Generator().manual_seed(1)
+    tokens = config.image_tokens + config.text_tokens
+    states = [torch.randn(1, tokens, config.hidden, generator=gen) for _ in range(3)]
+    linear, calibrated = Track("linear"), Track("calibrated")
+    for i in range(2):
+        linear.add(torch.tensor(0.9 - 0.1 * i), states[i])
+        calibrated.add(torch.tensor(0.9 - 0.1 * i), states[i], states[i])
+
+    def calibration() -> None:
+        fresh = Track("calibrated")
+        fresh.time, fresh.deep, fresh.probe = torch.tensor(0.8), states[0], calibrated.probe
+        fresh.add(torch.tensor(0.7), states[2], states[2])
+
+    def signal() -> None:
+        a, b = states[2][..., ::4, ::4], states[1][..., ::4, ::4]
+        _ = ((a - b).abs().mean() / b.abs().mean()).item()
+
+    work = {
+        "double": lambda: double(hidden_states=img, encoder_hidden_states=txt, temb=temb, image_rotary_emb=rope),
+        "single": lambda: single(hidden_states=img, encoder_hidden_states=txt, temb=temb, image_rotary_emb=rope),
+        "outside": lambda: outside(**inputs, return_dict=False),
+        "forecast": lambda: linear.predict(torch.tensor(0.7)),
+        "calibrated": lambda: calibrated.predict(torch.tensor(0.7), states[2]),
+        "calibration": calibration,
+        "signal": signal,
+    }
+    model = config.model(config.double, config.single) if whole else None
+    out = BlockCosts(asdict(config))
+    with torch.no_grad():
+        for fn in work.values():
+            fn()  # warm-up
+        for r in range(rounds):
+            for kind in KINDS:
+                with Timer(torch.device("cpu")) as timer:
+                    work[kind]()
+                out.seconds.setdefault(kind, []).append(timer.cpu)
+            if model is not None:
+                with Timer(torch.device("cpu")) as timer:
+                    model(**inputs, return_dict=False)
+                out.whole.append(timer.cpu)
+            log(f"  {config.name}: round {r + 1}/{rounds} done")
+    return out
+
+
+def section(results: list[BlockCosts], meta: dict) -> str:
+    lines = [
+        BEGIN,
+        "## FLUX.1 at its real width, block by block (`python -m benchmarks.dit_costs`)",
+        "",
+        f"CPU, float32, torch {meta['torch']}, {meta['threads']} torch thread(s); {meta['rounds']} interleaved rounds, "
+        f"medians; run finished {meta['finished']} and took {meta['seconds'] / 60:.0f} min. diffusers' FLUX blocks with "
+        "random weights, one image; seconds of process CPU time, and as a fraction of a full step (the model's outside "
+        "and all its double- and single-stream blocks: FLUX.1's 19 and 38).",
+        "",
+        "| configuration | full step | " + " | ".join(KINDS) + " |",
+        "|---|---:|" + "---:|" * len(KINDS),
+    ]
+    for r in results:
+        full = r.full_step()
+        cells = [f"{r.cost(k):.4f} s ({r.cost(k) / full:.4f})" for k in KINDS]
+        lines.append(f"| {r.blocks.name} | {full:.1f} s | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Derived: a cached step (the outside, the first double block as the probe, the calibrated forecast) and the "
+        f"{STEPS}-step speed-up of the uniform schedule at N (first and last step full); where the whole model was "
+        "timed at that width, the sum of its parts against it.",
+        "",
+        "| configuration | cached step | " + " | ".join(f"N={n}" for n in INTERVALS) + " | parts / whole |",
+        "|---|---:|" + "---:|" * (len(INTERVALS) + 1),
+    ]
+    for r in results:
+        check = f"{r.full_step() / statistics.median(r.whole):.3f}" if r.whole else "—"
+        speeds = " | ".join(f"{r.speedup(n):.2f}×" for n in INTERVALS)
+        lines.append(f"| {r.blocks.name} | {r.cached_step() / r.full_step():.4f} | {speeds} | {check} |")
+    return "\n".join([*lines, END])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--render", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    if args.render:
+        data, meta = load_run_data("dit-costs-cpu")
+        return write_section(section([BlockCosts(**d) for d in data], meta), BEGIN, END)
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    rounds = 2 if args.quick else args.rounds
+    plan = ((QUICK, True),) if args.quick else ((REAL, False), (CHECK, True))
+    results = [measure(config, rounds, print, whole) for config, whole in plan]
+    meta = run_meta(args, rounds, time.perf_counter() - start)
+    text = section(results, meta)
+    print(text)
+    if not args.quick:
+        save_run_data("dit-costs-cpu", [vars(r) for r in results], meta)
+        write_section(text, BEGIN, END)
+
+
+if __name__ == "__main__":
+    main()
