@@ -54,19 +54,17 @@ SUMMARY = ("deepcache", "linear", "calibrated-time")
 OTHERS = (
     "deepcache-nonuniform-3",
     "deepcache-nonuniform-5",
-    "fbcache-0.02",
     "fbcache-0.05",
     "fbcache-0.1",
     "teacache-0.1",
-    "teacache-0.2",
-    "easycache-0.02",
     "easycache-0.05",
     "spectrum",
     "spectrum-window-3-warmup-2",
-    "spectrum-window-6-warmup-2",
 )
 """The other families' modes (:mod:`benchmarks.anchors`, :data:`benchmarks.modes.FRONTIER`) run under every sampler:
-settings whose speeds span DeepCache N=2 to N=4's, so each family has a value at each N's speed."""
+two settings or one per family whose speeds, with the others', reach DeepCache N=2 to N=4's (a family's value at a
+speed between its modes is read off the line between them; at a speed below all of its modes', its most faithful
+mode bounds it from below)."""
 OTHER_FAMILIES = tuple(f for f in FAMILIES if f not in ("deepcache", "ours"))
 
 

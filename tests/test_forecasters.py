@@ -94,3 +94,19 @@ def test_the_defaults_modes_run_the_defaults_and_are_priced_with_the_calibrated_
         expected = 20 * full / (8 * (full + extra[update]) + 12 * (cached + extra[predict]))
         assert speed.priced("sd15", name, counts) == pytest.approx(expected)
     assert speed.priced("sd15", "cache-3", counts) == pytest.approx(20 * full / (8 * full + 12 * cached))
+
+
+def test_calibrated_order_2_reads_both_coefficients_off_the_probe_per_image():
+    torch.manual_seed(1)
+    p = [torch.randn(2, 3, 8, 8) for _ in range(3)]
+    d = [torch.randn(2, 5, 8, 8) for _ in range(3)]
+    forecaster = F.CalibratedTaylor()
+    for t, (deep, probe) in enumerate(zip(d, p)):
+        forecaster.add(100.0 - 10 * t, deep, probe)
+    first, second = p[2] - p[1], (p[2] - p[1]) - (p[1] - p[0])
+    coefficients = torch.tensor([[0.7, -0.3], [1.4, 0.5]])  # per image
+    live = p[2] + coefficients[:, 0, None, None, None] * first + coefficients[:, 1, None, None, None] * second
+    out = forecaster.predict(75.0, live)
+    for i, (a, b) in enumerate(coefficients.tolist()):
+        expected = d[2][i] + a * (d[2][i] - d[1][i]) + b * ((d[2][i] - d[1][i]) - (d[1][i] - d[0][i]))
+        torch.testing.assert_close(out[i], expected, rtol=1e-3, atol=1e-3)
