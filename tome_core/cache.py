@@ -1,29 +1,26 @@
-"""A step cache on a UNet's block modules: DeepCache (Ma et al., CVPR 2024, arXiv 2312.00858), written from the paper.
+"""A step cache over a model's blocks: DeepCache (Ma et al., CVPR 2024, arXiv 2312.00858), written from the paper, for
+any model family that lays its blocks out for it (:mod:`tome_core.families`: the UNets, FLUX).
 
-A UNet's input blocks each leave a skip connection that the output block of the same depth takes back (ldm, sgm and
-Forge alike: ``input_blocks[i]`` feeds ``output_blocks[n - 1 - i]``, ``n = len(input_blocks)``). On every
-``cache_interval``-th step the UNet runs in full and the cache keeps, per stream of calls, what enters output block
-``n - 1 - b`` from below (``b = cache_branch``): the deep features. On the steps in between ("cached steps") only
-the shallow path runs — input blocks ``0 … b``, then output blocks ``n - 1 - b … n - 1`` — and the deep features come
-from the cache: input blocks ``b + 1 …``, the middle block and output blocks ``… n - 2 - b`` are skipped. Branch 0 is
-the shallowest: a cached step runs the first convolution, the last output block and the output layer.
+On every ``cache_interval``-th step the model runs in full and the cache keeps, per stream of calls, the result of
+the blocks a cached step skips (a UNet's deep features, a transformer's residual over its later blocks), as the
+family reads it at the first block a cached step runs again (the entry). On the steps in between ("cached steps")
+only the family's first and last blocks run, and the skipped range's result comes from the cache.
 
-The cache works at the level of the block modules and leaves each host's UNet loop as it is, so ControlNet's forward
-(Mikubill's), sgm's, Forge's, ComfyUI's and ldm's alike keep running their own code: each layer of a skipped block
-returns zeros of the shape it returned at the last full step (the loop concatenates and adds as it always does, also
-ControlNet's residuals), and the first output block that runs gets the cached deep features in place of those zeros,
-next to the live skip connection (which carries the current step's control residual). The cache acts on a block's
-layers (:func:`block_layers`), not on the block itself, because ComfyUI's loop iterates a block's layers instead of
-calling the block (``forward_timestep_embed``); the other hosts call the block, which calls its layers. Only the
-layers of the skipped blocks get an instance-level ``forward`` (their compute must be skipped; restored exactly on
+The cache works at the level of the block modules and leaves each host's loop as it is, so ControlNet's forward
+(Mikubill's), sgm's, Forge's, ComfyUI's, ldm's and diffusers' alike keep running their own code: each skipped module
+answers with the family's placeholder (a UNet layer: zeros of the shape it returned at the last full step, which
+the loop concatenates and adds as it always does, also ControlNet's residuals; a transformer block: its input
+streams unchanged), and the entry gets the cached result in place, next to what the cached step computed live.
+Only the skipped modules get an instance-level ``forward`` (their compute must be skipped; restored exactly on
 removal); everything else is hooks.
 
 Schedule and forecast (:mod:`tome_core.schedule`, :mod:`tome_core.forecast`): the first and the last step of a pass
 are full, and so is any step outside ``cache_start <= progress < cache_end``; inside, a step is cached unless
 ``cache_interval`` steps have passed since the stream's last full step (DeepCache's uniform schedule: full steps at 0,
-N, 2N, …) or, with the adaptive schedule, the call's input strays from its forecast by more than ``cache_threshold``.
-A cached step takes the deep features of the stream's last full step (``cache_forecast`` off: DeepCache exactly) or
-their linear forecast in the sampler's time from its last two full steps. Streams: the calls of a step are told apart
+N, 2N, …), or N average steps of sampler time (the time schedule), or, with the adaptive schedule, the call's input
+strays from its forecast by more than ``cache_threshold``. A cached step takes the skipped range's result of the
+stream's last full step (``cache_forecast`` off: DeepCache exactly) or its forecast in the sampler's time from the
+last two full steps (linear, or calibrated on the probe). Streams: the calls of a step are told apart
 by their number within the step and Forge's ``cond_or_uncond`` chunk (cond and uncond batched, or separate calls, or
 extra guidance passes), and each keeps its own cache, dropped when its batch or latent size changes; a call that runs
 the blocks more than once (Mikubill's ControlNet runs reference-only's reference pass before the main one) keeps one
@@ -41,50 +38,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from .families import Layout, layout_for
 from .forecast import Track
 from .schedule import Refresh
-from .settings import SettingsError, ToMeSettings
+from .settings import ToMeSettings
 from .steps import Call
 
 log = logging.getLogger("tome_core")
 
 
-def unet_blocks(root: nn.Module) -> tuple[list[nn.Module], nn.Module, list[nn.Module]] | None:
-    """``(input_blocks, middle_block, output_blocks)`` of an ldm/sgm/Forge-layout UNet (or ControlNet: no output
-    blocks, returns None), or None when ``root`` is not laid out so."""
-    inputs, middle, outputs = (getattr(root, name, None) for name in ("input_blocks", "middle_block", "output_blocks"))
-    if not isinstance(inputs, nn.ModuleList) or not isinstance(outputs, nn.ModuleList) or middle is None:
-        return None
-    if len(inputs) != len(outputs) or not inputs:
-        return None
-    return list(inputs), middle, list(outputs)
-
-
-def block_layers(block: nn.Module) -> list[nn.Module]:
-    """The modules a host's UNet loop calls for one block: the layers of a ``TimestepEmbedSequential`` (an
-    ``nn.Sequential``: ComfyUI's loop calls them one by one, the other hosts' block forwards do the same), else the
-    block itself."""
-    return list(block) if isinstance(block, nn.Sequential) and len(block) else [block]
-
-
-def _layout(blocks: tuple[list[nn.Module], nn.Module, list[nn.Module]]) -> list[int]:
-    """The identity of every block and of each one's layers, in order: what the cache wrapped and hooked."""
-    inputs, middle, outputs = blocks
-    return [id(m) for block in (*inputs, middle, *outputs) for m in (block, *block_layers(block))]
-
-
-def skip_connections(root: nn.Module) -> int:
-    """How many skip branches the UNet has (0 when it has no cacheable layout): ``cache_branch`` is below it."""
-    blocks = unet_blocks(root)
-    return 0 if blocks is None else len(blocks[0])
-
-
 @dataclass
 class _Pass:
-    """One pass through the blocks at a full call: what the skipped layers returned (shapes), and whether the deep
-    features reached its track."""
+    """One pass through the blocks at a full call: what it kept of each skipped module for the cached passes'
+    placeholders (:meth:`Layout.keep`), and whether the skipped range's result reached its track."""
 
-    shapes: dict[int, tuple[torch.Size, torch.dtype, torch.device]] = field(default_factory=dict)
+    kept: dict[int, Any] = field(default_factory=dict)
     deep: bool = False
 
 
@@ -167,16 +135,14 @@ def _restore_forwards(replaced: list[_Replaced]) -> bool:
 
 
 class StepCache:
-    """The step cache of one UNet (see the module). Made and removed by :class:`tome_core.patch.Patch`."""
+    """The step cache of one model (see the module), on its family's layout (:attr:`layout`; None: a model no family
+    knows, and the cache stands aside with a note). Made and removed by :class:`tome_core.patch.Patch`."""
 
     def __init__(self, root: nn.Module, settings: ToMeSettings):
         self.root = root
         self.settings = settings
-        blocks = unet_blocks(root)
-        n = 0 if blocks is None else len(blocks[0])
-        self.usable = blocks is not None
-        if self.usable and not settings.cache_branch < n:
-            raise SettingsError("cache_branch", settings.cache_branch, f"an integer from 0 to {n - 1} for this UNet")
+        self.layout: Layout | None = layout_for(root, settings.cache_branch)  # SettingsError for a branch it lacks
+        self.usable = self.layout is not None
         self.skipping = False  # the pass through the blocks running now is a cached one
         self._cached_call = False  # the call running now is a cached one
         self._stream: _Stream | None = None  # the stream of the call running now
@@ -194,30 +160,19 @@ class StepCache:
         self._warned: set[str] = set()
         self._timed = settings.cache_schedule == "time"
         self._two_times = False  # this pass's steps call the UNet at two times (the time schedule stands down)
-        if blocks is None:
+        if self.layout is None:
             self._notes.append("step cache off: this model has no UNet input/middle/output blocks")
-            return
-        inputs, middle, outputs = blocks
-        b = settings.cache_branch
-        self.entry_index = n - 1 - b
-        # the entry block's first layer: its input is the block's
-        self.entry = block_layers(outputs[self.entry_index])[0]
-        self.first = block_layers(inputs[0])[0]  # every pass through the blocks starts here
-        skipped_blocks = [*inputs[b + 1 :], middle, *outputs[: self.entry_index]]
-        self.skipped: list[nn.Module] = [layer for block in skipped_blocks for layer in block_layers(block)]
-        self._below = len(self.skipped) - 1  # the skipped layer whose output enters the entry block
-        self._layout = _layout(blocks)
 
     # --- installing -----------------------------------------------------------------------------------
     def install(self) -> None:
         """Wrap the skippable blocks' layers and hook the entry block, or nothing: a failure part-way undoes it all."""
-        if not self.usable:
+        if self.layout is None:
             return
         try:
-            for i, module in enumerate(self.skipped):
+            for i, module in enumerate(self.layout.skipped):
                 self._wrap(i, module)
-            self._handles.append(self.first.register_forward_pre_hook(self._pass_pre))
-            self._handles.append(self.entry.register_forward_pre_hook(self._entry_pre, with_kwargs=True))
+            self._handles.append(self.layout.start.register_forward_pre_hook(self._pass_pre))
+            self._handles.append(self.layout.entry.register_forward_pre_hook(self._entry_pre, with_kwargs=True))
         except BaseException:
             self.remove()
             raise
@@ -227,10 +182,13 @@ class StepCache:
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             if self.skipping:
-                return self._placeholder(index)
+                assert self._pass is not None and self.layout is not None
+                return self.layout.placeholder(index, self._pass.kept[index], args, kwargs)
             out = original(*args, **kwargs)
-            if self._pass is not None and not self._cached_call and isinstance(out, torch.Tensor):
-                self._pass.shapes[index] = (out.shape, out.dtype, out.device)
+            if self._pass is not None and not self._cached_call and self.layout is not None:
+                kept = self.layout.keep(index, out, args, kwargs)
+                if kept is not None:
+                    self._pass.kept[index] = kept
             return out
 
         self._originals.append(_replace_forward(module, forward))
@@ -302,7 +260,7 @@ class StepCache:
         self._pass, self._passes, self.skipping = None, 0, False
 
     def _complete(self, record: _Pass) -> bool:
-        return record.deep and len(record.shapes) == len(self.skipped)
+        return record.deep and self.layout is not None and len(record.kept) == len(self.layout.skipped)
 
     def _pass_pre(self, module: nn.Module, args: tuple) -> None:
         """A pass through the blocks begins (``input_blocks[0]``'s first layer): its record, and whether it is
@@ -323,46 +281,34 @@ class StepCache:
             self.skipping = False
 
     def _intact(self) -> bool:
-        """The UNet still holds the blocks we wrapped, with our wrappers: another extension may have swapped a block
+        """The model still holds the blocks we wrapped, with our wrappers: another extension may have swapped a block
         in its lists (Kohya's HRFix for the WebUI wraps one in a module of its own) or replaced a forward."""
-        blocks = unet_blocks(self.root)
-        if blocks is None or _layout(blocks) != self._layout:
+        if self.layout is None or not self.layout.intact():
             return False
         return all(module.__dict__.get("forward") is ours for module, _, _, ours in self._originals)
 
-    def _placeholder(self, index: int) -> torch.Tensor:
-        """What a skipped layer returns: zeros of the shape it returned at the stream's last full call (the host loop
-        may add into a block's output in place: Forge's and ComfyUI's control residuals). The host's loop over the
-        layers still counts ``transformer_index`` as if they had run."""
-        record = self._pass
-        assert record is not None
-        shape, dtype, device = record.shapes[index]
-        return torch.zeros(shape, dtype=dtype, device=device)
-
     def _entry_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
-        """The first output block of a cached pass: the cached deep features next to the live skip connection. In a
-        full pass: keep what enters it from below (the part beyond the skip connection's channels)."""
-        record = self._pass
-        x = args[0] if args else kwargs.get("x")
-        if record is None or not isinstance(x, torch.Tensor) or x.dim() != 4:
+        """The entry of a cached pass: the cached result in place (:meth:`Layout.inject`). In a full pass: keep the
+        skipped range's result (:meth:`Layout.features`) on the stream's track."""
+        record, layout = self._pass, self.layout
+        if record is None or layout is None:
             return None
         track = self._stream.tracks[self._passes - 1] if self._stream is not None else None
-        below = record.shapes.get(self._below)  # what the layer below returned: the deep features' channels
-        channels = None if below is None else below[0][1]
         if not self.skipping:
-            if not self._cached_call and channels is not None and channels < x.shape[1] and track is not None:
-                track.add(self._time, x[:, :channels].clone(), x[:, channels:])  # the skip connection: the probe
-                record.deep = True
+            if not self._cached_call and track is not None:
+                found = layout.features(args, kwargs, record.kept)
+                if found is not None:
+                    track.add(self._time, *found)
+                    record.deep = True
             return None
-        assert track is not None and channels is not None  # a skipped pass had a complete full one
-        deep = track.predict(self._time, x[:, channels:])
+        assert track is not None  # a skipped pass had a complete full one
+        deep = track.predict(self._time, layout.probe(args, kwargs, record.kept))
         assert deep is not None
-        if deep.shape[0] != x.shape[0] or deep.shape[2:] != x.shape[2:]:
+        out = layout.inject(args, kwargs, record.kept, deep)
+        if out is None:
             self._note("step cache: a cached step's features did not fit; that step's image may be off")
-            self._warn_once("fit", f"ToMe: cached features {tuple(deep.shape)} do not fit the input {tuple(x.shape)}")
-            return None
-        merged = torch.cat([deep, x[:, deep.shape[1] :]], dim=1)
-        return ((merged, *args[1:]), kwargs) if args else (args, {**kwargs, "x": merged})
+            self._warn_once("fit", f"ToMe: cached features {tuple(deep.shape)} do not fit the entry's input")
+        return out
 
     # --- reporting -------------------------------------------------------------------------------------
     def report(self) -> CacheReport:

@@ -68,7 +68,7 @@ from . import merge as tm
 from . import neighbours
 from .cache import CacheReport, ControlFollower, StepCache
 from .settings import ToMeSettings
-from .steps import StepClock
+from .steps import StepClock, unet_input
 
 log = logging.getLogger("tome_core")
 
@@ -398,7 +398,9 @@ class Patch:
         Either key is shared by the cond and uncond calls of one step and is the same in every process.
         """
         self._shortfalls.forwards += 1
-        call = self.clock.begin(module, args, kwargs, read_timestep=self._needs_timestep)
+        layout = self.cache.layout if self.cache is not None else None
+        x, timesteps = (layout.place if layout is not None else unet_input)(module, args, kwargs)
+        call = self.clock.begin(x, timesteps, kwargs, read_timestep=self._needs_timestep)
         if call.size is not None:
             self.size = call.size
         self.current = None
@@ -410,7 +412,7 @@ class Patch:
         if self.settings.use_rand:
             self.forward_key = _mix(self.seed, _bits(call.key))
         if self.cache is not None:
-            self.cache.begin(call, args[0] if args else kwargs.get("x"))
+            self.cache.begin(call, x)
 
     @property
     def _needs_timestep(self) -> bool:

@@ -25,7 +25,7 @@ from torch import nn
 class Call:
     """One UNet call, placed in the sampling."""
 
-    size: tuple[int, int] | None  # the latent's height and width
+    size: tuple[int, int] | None  # the latent's height and width (a token sequence's length and width)
     batch: int | None
     progress: float | None  # fraction of the pass's steps done: reported, else 1 - t / 1000, else unknown
     key: float | None  # what tells steps apart: the reported progress, else the timestep; None: unknown
@@ -69,6 +69,11 @@ def call_arg(module: nn.Module, args: tuple, kwargs: dict, name: str) -> Any:
     return args[pos] if 0 <= pos < len(args) else None
 
 
+def unet_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    """A UNet call's input ``x`` and its ``timesteps``, by keyword or position (ldm's, sgm's, Forge's, ComfyUI's)."""
+    return (args[0] if args else kwargs.get("x")), call_arg(module, args, kwargs, "timesteps")
+
+
 def _chunk(kwargs: dict) -> tuple[int, ...] | None:
     options = kwargs.get("transformer_options")
     chunk = options.get("cond_or_uncond") if isinstance(options, dict) else None
@@ -96,15 +101,15 @@ class StepClock:
         self.progress = None if fraction is None else float(fraction)
         self.steps = None if steps is None else int(steps)
 
-    def begin(self, module: nn.Module, args: tuple, kwargs: dict, read_timestep: bool) -> Call:
-        """Place the call starting now (the root's forward pre-hook). Without reported progress the timestep is
-        read only if ``read_timestep`` (else every call counts as a new, unknown step)."""
-        x = args[0] if args else kwargs.get("x")
+    def begin(self, x: Any, timesteps: Any, kwargs: dict, read_timestep: bool) -> Call:
+        """Place the call starting now (the root's forward pre-hook) on the model's input ``x`` (a latent, or a
+        transformer's token sequence) at ``timesteps`` (on the 0–1000 scale; :func:`unet_input`). Without reported
+        progress the timestep is read only if ``read_timestep`` (else every call counts as a new, unknown step)."""
         size = batch = None
-        if isinstance(x, torch.Tensor) and x.dim() == 4:
-            size, batch = (int(x.shape[2]), int(x.shape[3])), int(x.shape[0])
+        if isinstance(x, torch.Tensor) and x.dim() in (3, 4):  # (B, C, H, W): H x W; (B, tokens, width): both
+            size, batch = (int(x.shape[-2]), int(x.shape[-1])), int(x.shape[0])
         reported = self.progress is not None
-        time = _first_timestep(call_arg(module, args, kwargs, "timesteps"))
+        time = _first_timestep(timesteps)
         if reported:
             key = progress = self.progress
         elif read_timestep:

@@ -57,18 +57,21 @@ class FluxLayout(nn.Module):
         self.conditioner = Conditioner(classes, TEXT_DIM, TEXT_DIM)
 
     def forward(self, x: torch.Tensor, sigma: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        out = self.transformer(**self.inputs(x, sigma, labels), return_dict=False)[0]
+        return unpack(out, *x.shape[2:])
+
+    def inputs(self, x: torch.Tensor, sigma: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The transformer's keyword arguments for images ``x`` at times ``sigma`` under ``labels``."""
         text = self.conditioner(labels)
         b, _, h, w = x.shape
-        out = self.transformer(
-            hidden_states=pack(x),
-            encoder_hidden_states=text["context"],
-            pooled_projections=text["y"],
-            timestep=sigma.to(x.dtype).expand(b),
-            img_ids=image_ids(h, w, x.device),
-            txt_ids=torch.zeros(CONTEXT_TOKENS, 3, device=x.device),
-            return_dict=False,
-        )[0]
-        return unpack(out, h, w)
+        return {
+            "hidden_states": pack(x),
+            "encoder_hidden_states": text["context"],
+            "pooled_projections": text["y"],
+            "timestep": sigma.to(x.dtype).expand(b),
+            "img_ids": image_ids(h, w, x.device),
+            "txt_ids": torch.zeros(CONTEXT_TOKENS, 3, device=x.device),
+        }
 
 
 def build(classes: int, seed: int = 0) -> FluxLayout:
@@ -111,8 +114,12 @@ def sigmas(steps: int, tokens: int) -> list[float]:
     return out
 
 
-def euler(velocity, x: torch.Tensor, schedule: list[float]) -> torch.Tensor:
-    """The flow-matching Euler sampler: ``x ← x + (σ' − σ) v(x, σ)`` over ``schedule`` (from pure noise ``x``)."""
-    for sigma, after in itertools.pairwise(schedule):
+def euler(velocity, x: torch.Tensor, schedule: list[float], progress=None) -> torch.Tensor:
+    """The flow-matching Euler sampler: ``x ← x + (σ' − σ) v(x, σ)`` over ``schedule`` (from pure noise ``x``);
+    ``progress(i, steps)`` before each step, as the WebUI reports it."""
+    steps = len(schedule) - 1
+    for i, (sigma, after) in enumerate(itertools.pairwise(schedule)):
+        if progress is not None:
+            progress(i, steps)
         x = x + (after - sigma) * velocity(x, torch.tensor(sigma))
     return x

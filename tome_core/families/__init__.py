@@ -1,0 +1,27 @@
+"""Model families: how the step cache finds, in one model, the blocks a cached step skips and where their result
+enters again (:class:`~tome_core.families.base.Layout`). The cache speaks of blocks; a family is an adapter that
+knows one model's layout: the ldm/sgm/Forge/ComfyUI UNets (:mod:`.unet`) and diffusers' FLUX transformer
+(:mod:`.flux`)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .base import Layout
+from .flux import DiffusersFlux
+from .unet import UNetLayout
+
+FAMILIES: tuple[type[Layout], ...] = (UNetLayout, DiffusersFlux)
+
+
+def layout_for(root: nn.Module, branch: int) -> Layout | None:
+    """The layout of the first family that recognises ``root`` (``branch``: how deep a cached step runs before and
+    after the skipped blocks), or None."""
+    for family in FAMILIES:
+        layout = family.find(root, branch)
+        if layout is not None:
+            return layout
+    return None
+
+
+__all__ = ["FAMILIES", "DiffusersFlux", "Layout", "UNetLayout", "layout_for"]

@@ -1,0 +1,66 @@
+"""What a model family tells the step cache (:class:`tome_core.cache.StepCache`) about one model.
+
+A cached step runs the model's first blocks and its last ones and skips a contiguous range in between; the range's
+result comes from the cache (the forecast of its last full steps, :mod:`tome_core.forecast`). A layout names:
+
+* ``start``: the module whose call begins each pass through the blocks;
+* ``skipped``: the modules a cached pass does not compute, in call order (each gets an instance ``forward`` that
+  answers with :meth:`Layout.placeholder` instead; the host's own loop keeps running around them);
+* ``entry``: the first module a cached pass runs after them, whose input carries the range's result: at a full
+  pass :meth:`Layout.features` reads the range's contribution off it (with the probe: features a cached pass
+  computes live as well), at a cached pass :meth:`Layout.inject` puts the forecast contribution into it;
+
+and how a call of the whole model is placed in the sampling (:meth:`Layout.place`: its input and sampler time).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class Layout:
+    """One model's blocks as the step cache uses them (see the module)."""
+
+    name = "model"
+    start: nn.Module
+    entry: nn.Module
+    skipped: list[nn.Module]
+
+    @classmethod
+    def find(cls, root: nn.Module, branch: int) -> Layout | None:
+        """The layout of ``root`` if it is of this family, else None; ``SettingsError`` for a ``branch`` it lacks."""
+        raise NotImplementedError
+
+    def intact(self) -> bool:
+        """Whether ``root`` still holds the modules found (another extension may swap one in its lists)."""
+        raise NotImplementedError
+
+    def place(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, Any]:
+        """A call of the whole model: its input (the latent or token sequence) and its first sampler time, on the
+        timestep scale (0–1000; a 0-d tensor where it came as one, never read back)."""
+        raise NotImplementedError
+
+    def keep(self, index: int, out: Any, args: tuple, kwargs: dict) -> Any:
+        """What a full pass keeps of skipped module ``index``'s call (its output ``out``) for the cached passes'
+        placeholder; None: nothing (the pass is then incomplete and later ones of its number run in full)."""
+        raise NotImplementedError
+
+    def placeholder(self, index: int, kept: Any, args: tuple, kwargs: dict) -> Any:
+        """What skipped module ``index`` returns in a cached pass (``kept``: what the full pass kept of it)."""
+        raise NotImplementedError
+
+    def features(self, args: tuple, kwargs: dict, kept: dict[int, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """At the entry of a full pass: the range's contribution (a tensor the caller may keep) and the probe."""
+        raise NotImplementedError
+
+    def probe(self, args: tuple, kwargs: dict, kept: dict[int, Any]) -> torch.Tensor | None:
+        """At the entry of a cached pass: the live probe."""
+        raise NotImplementedError
+
+    def inject(self, args: tuple, kwargs: dict, kept: dict[int, Any], deep: torch.Tensor) -> tuple[tuple, dict] | None:
+        """At the entry of a cached pass: its arguments with ``deep`` (the forecast contribution) in place; None
+        where it does not fit (the entry then runs on what it got)."""
+        raise NotImplementedError

@@ -1,0 +1,117 @@
+"""The UNets: ldm's and sgm's ``UNetModel`` (A1111, SD1/SD2/SDXL), Forge's and ComfyUI's (DeepCache's layout).
+
+A UNet's input blocks each leave a skip connection that the output block of the same depth takes back:
+``input_blocks[i]`` feeds ``output_blocks[n - 1 - i]``, ``n = len(input_blocks)``. With ``branch`` ``b`` a cached
+pass runs input blocks ``0 … b`` and output blocks ``n - 1 - b …``; it skips input blocks ``b + 1 …``, the middle
+block and output blocks ``… n - 2 - b``, whose result is the deep features that enter output block ``n - 1 - b``
+beside the skip connection: the first channels of its input (the rest, the live skip connection, is the probe).
+Branch 0 is the shallowest: a cached step runs the first convolution, the last output block and the output layer.
+
+The cache acts on a block's layers (:func:`block_layers`), not on the block, because ComfyUI's loop iterates a
+block's layers instead of calling the block (``forward_timestep_embed``); the other hosts call the block, which calls
+its layers. A skipped layer answers with zeros of the shape it returned at the last full pass: the host's loop
+concatenates and adds as it always does (also a control model's residuals, in place in Forge and ComfyUI).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..settings import SettingsError
+from ..steps import unet_input
+from .base import Layout
+
+
+def unet_blocks(root: nn.Module) -> tuple[list[nn.Module], nn.Module, list[nn.Module]] | None:
+    """``(input_blocks, middle_block, output_blocks)`` of an ldm/sgm/Forge-layout UNet (or ControlNet: no output
+    blocks, returns None), or None when ``root`` is not laid out so."""
+    inputs, middle, outputs = (getattr(root, name, None) for name in ("input_blocks", "middle_block", "output_blocks"))
+    if not isinstance(inputs, nn.ModuleList) or not isinstance(outputs, nn.ModuleList) or middle is None:
+        return None
+    if len(inputs) != len(outputs) or not inputs:
+        return None
+    return list(inputs), middle, list(outputs)
+
+
+def block_layers(block: nn.Module) -> list[nn.Module]:
+    """The modules a host's UNet loop calls for one block: the layers of a ``TimestepEmbedSequential`` (an
+    ``nn.Sequential``: ComfyUI's loop calls them one by one, the other hosts' block forwards do the same), else the
+    block itself."""
+    return list(block) if isinstance(block, nn.Sequential) and len(block) else [block]
+
+
+def _identity(blocks: tuple[list[nn.Module], nn.Module, list[nn.Module]]) -> list[int]:
+    """The identity of every block and of each one's layers, in order: what the cache wrapped and hooked."""
+    inputs, middle, outputs = blocks
+    return [id(m) for block in (*inputs, middle, *outputs) for m in (block, *block_layers(block))]
+
+
+def _entry_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    x = args[0] if args else kwargs.get("x")
+    return x if isinstance(x, torch.Tensor) and x.dim() == 4 else None
+
+
+class UNetLayout(Layout):
+    """A UNet's blocks for the step cache (see the module)."""
+
+    name = "UNet"
+
+    def __init__(self, root: nn.Module, blocks: tuple[list[nn.Module], nn.Module, list[nn.Module]], branch: int):
+        inputs, middle, outputs = blocks
+        n = len(inputs)
+        if not branch < n:
+            raise SettingsError("cache_branch", branch, f"an integer from 0 to {n - 1} for this UNet")
+        self.root = root
+        entry = n - 1 - branch
+        self.entry = block_layers(outputs[entry])[0]  # the entry block's first layer: its input is the block's
+        self.start = block_layers(inputs[0])[0]
+        skipped_blocks = [*inputs[branch + 1 :], middle, *outputs[:entry]]
+        self.skipped = [layer for block in skipped_blocks for layer in block_layers(block)]
+        self._below = len(self.skipped) - 1  # the skipped layer whose output enters the entry block
+        self._identity = _identity(blocks)
+
+    @classmethod
+    def find(cls, root: nn.Module, branch: int) -> UNetLayout | None:
+        blocks = unet_blocks(root)
+        return None if blocks is None else cls(root, blocks, branch)
+
+    def intact(self) -> bool:
+        blocks = unet_blocks(self.root)
+        return blocks is not None and _identity(blocks) == self._identity
+
+    def place(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+        return unet_input(module, args, kwargs)
+
+    def keep(self, index: int, out: Any, args: tuple, kwargs: dict) -> Any:
+        return (out.shape, out.dtype, out.device) if isinstance(out, torch.Tensor) else None
+
+    def placeholder(self, index: int, kept: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+        shape, dtype, device = kept
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    def _channels(self, kept: dict[int, Any], x: torch.Tensor) -> int | None:
+        below = kept.get(self._below)  # what the layer below returned: the deep features' channels
+        channels = None if below is None else below[0][1]
+        return channels if channels is not None and channels < x.shape[1] else None
+
+    def features(self, args: tuple, kwargs: dict, kept: dict[int, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        x = _entry_input(args, kwargs)
+        channels = None if x is None else self._channels(kept, x)
+        if channels is None:
+            return None
+        return x[:, :channels].clone(), x[:, channels:]  # the skip connection: the probe
+
+    def probe(self, args: tuple, kwargs: dict, kept: dict[int, Any]) -> torch.Tensor | None:
+        x = _entry_input(args, kwargs)
+        channels = None if x is None else self._channels(kept, x)
+        return None if channels is None else x[:, channels:]
+
+    def inject(self, args: tuple, kwargs: dict, kept: dict[int, Any], deep: torch.Tensor) -> tuple[tuple, dict] | None:
+        x = _entry_input(args, kwargs)
+        if x is None or deep.shape[0] != x.shape[0] or deep.shape[2:] != x.shape[2:]:
+            return None
+        merged = torch.cat([deep, x[:, deep.shape[1] :]], dim=1)
+        return ((merged, *args[1:]), kwargs) if args else (args, {**kwargs, "x": merged})
