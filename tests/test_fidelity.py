@@ -45,7 +45,7 @@ def test_shipped_weights_are_the_documented_architecture(name):
 
 
 def test_shipped_files_are_small_and_have_model_cards():
-    files = [A.weights_path(n) for n in ("sd15", "sdxl", "classifier")]
+    files = [A.weights_path(n) for n in ("sd15", "sdxl", "flux", "classifier")]
     assert sum(f.stat().st_size for f in files) <= 20 * 2**20
     for f in files:
         card = f.with_suffix(".md").read_text(encoding="utf-8")

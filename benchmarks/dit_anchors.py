@@ -1,0 +1,182 @@
+"""The caches DiT users install, on diffusers' FLUX transformer, written from their published descriptions (no code
+copied), as anchors for :mod:`benchmarks.dit_fidelity` (issue 26). Each decides per call of the model whether to run
+all its blocks, and what to return where it does not:
+
+* **First Block Cache** (ParaAttention's FBCache, Comfy-WaveSpeed): the first double-stream block runs every step;
+  where the relative L1 change of its residual against the last computed step's is below the threshold (0.07 and 0.12
+  are the values users quote for FLUX), the other blocks are skipped and their last computed residual is added to
+  what left the first block. First and last step computed.
+* **TeaCache** (TeaCache4FLUX, arXiv 2411.19108): the relative L1 change of the first block's modulated input (its
+  adaptive norm of the image tokens) from the step before, rescaled by a polynomial fitted to how much the model's
+  output then changes, is accumulated; while the sum stays below the threshold the whole stack of blocks is skipped
+  and its last computed residual added to the embedded input. The published polynomial is fitted to FLUX.1-dev
+  (:data:`FLUX_POLYNOMIAL`); its authors fit it again for another model, so it also runs with one fitted to the
+  model at hand (:func:`fit_teacache`). First and last step computed.
+
+The model's forward is taken apart as diffusers' ``FluxTransformer2DModel.forward`` runs it (embeddings, the
+double-stream blocks, the single-stream blocks, the output norm and projection; :func:`embed`, :func:`blocks`,
+:func:`head`); a rule that computes every step gives the model's own output bit for bit. Rules run one image (its cond
+and uncond batched) at a time, so that each decides for its image.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+FLUX_POLYNOMIAL = (4.98651651e02, -2.83781631e02, 5.58554382e01, -3.82021401e00, 2.64230861e-01)
+"""TeaCache4FLUX's rescaling polynomial (highest power first), published for FLUX.1-dev."""
+KINDS = ("full", "first", "skip")
+"""What a call cost: all blocks, the outside and the first block (First Block Cache's skip), the outside only."""
+
+
+def embed(t: nn.Module, kw: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+    """The image and text streams, the time embedding and RoPE, as the model's forward makes them."""
+    temb = t.time_text_embed(kw["timestep"].to(kw["hidden_states"].dtype) * 1000, kw["pooled_projections"])
+    rope = t.pos_embed(torch.cat((kw["txt_ids"], kw["img_ids"]), dim=0))
+    return t.x_embedder(kw["hidden_states"]), t.context_embedder(kw["encoder_hidden_states"]), temb, rope
+
+
+def blocks(t: nn.Module, img, txt, temb, rope, double: slice = slice(None), single: bool = True) -> tuple:
+    """The double-stream blocks in ``double``, then (``single``) every single-stream block: the streams after them."""
+    for block in t.transformer_blocks[double]:
+        txt, img = block(hidden_states=img, encoder_hidden_states=txt, temb=temb, image_rotary_emb=rope)
+    for block in t.single_transformer_blocks if single else ():
+        txt, img = block(hidden_states=img, encoder_hidden_states=txt, temb=temb, image_rotary_emb=rope)
+    return img, txt
+
+
+def head(t: nn.Module, img: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+    return t.proj_out(t.norm_out(img, temb))
+
+
+def rel_l1(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().mean() / b.abs().mean().clamp_min(1e-12))
+
+
+class DiTRule:
+    """One rule on one transformer: its forward replaced on the instance while applied (:meth:`apply`,
+    :meth:`remove`), told the step as the WebUI tells our patch (:meth:`set_progress`); what each call cost is kept
+    (:meth:`counts`)."""
+
+    def __init__(self) -> None:
+        self.transformer: nn.Module | None = None
+        self.step, self.steps = 0, 1
+        self.kinds: list[str] = []
+
+    def apply(self, transformer: nn.Module) -> DiTRule:
+        self.transformer = transformer
+        transformer.forward = self._forward
+        return self
+
+    def remove(self) -> None:
+        if self.transformer is not None:
+            del self.transformer.__dict__["forward"]
+            self.transformer = None
+
+    def set_progress(self, fraction: float, steps: int) -> None:
+        self.step, self.steps = round(fraction * steps), steps
+
+    def at_step(self, step: int, steps: int) -> None:
+        """A sampler's progress callback: step ``step`` of ``steps`` begins."""
+        self.set_progress(step / steps, steps)
+
+    def counts(self) -> dict[str, int]:
+        return {kind: self.kinds.count(kind) for kind in KINDS}
+
+    @property
+    def edge(self) -> bool:
+        """The first or the last step: computed by every rule here."""
+        return self.step == 0 or self.step >= self.steps - 1
+
+    def _forward(self, return_dict: bool = False, **kw: Any) -> tuple[torch.Tensor]:
+        t = self.transformer
+        img, txt, temb, rope = embed(t, kw)
+        return (head(t, self.call(img, txt, temb, rope), temb),)
+
+    def call(self, img, txt, temb, rope) -> torch.Tensor:
+        """The image stream that enters the output norm (every block computed here)."""
+        self.kinds.append("full")
+        return blocks(self.transformer, img, txt, temb, rope)[0]
+
+
+class FirstBlockCache(DiTRule):
+    """First Block Cache (see the module)."""
+
+    def __init__(self, threshold: float) -> None:
+        super().__init__()
+        self.threshold = threshold
+        self.first: torch.Tensor | None = None  # the first block's residual at the last computed step
+        self.rest: torch.Tensor | None = None  # the other blocks' residual there
+
+    def call(self, img, txt, temb, rope) -> torch.Tensor:
+        t = self.transformer
+        after, txt = blocks(t, img, txt, temb, rope, slice(0, 1), single=False)
+        first = after - img
+        if not self.edge and self.first is not None and rel_l1(first, self.first) < self.threshold:
+            self.kinds.append("first")
+            return after + self.rest
+        self.kinds.append("full")
+        out = blocks(t, after, txt, temb, rope, slice(1, None))[0]
+        self.first, self.rest = first, out - after
+        return out
+
+
+class TeaCache(DiTRule):
+    """TeaCache (see the module); ``polynomial``: highest power first."""
+
+    def __init__(self, threshold: float, polynomial=FLUX_POLYNOMIAL) -> None:
+        super().__init__()
+        self.threshold, self.rescale = threshold, np.poly1d(polynomial)
+        self.previous: torch.Tensor | None = None  # the last step's modulated input
+        self.residual: torch.Tensor | None = None  # all blocks' residual at the last computed step
+        self.accumulated = 0.0
+
+    def call(self, img, txt, temb, rope) -> torch.Tensor:
+        t = self.transformer
+        modulated = t.transformer_blocks[0].norm1(img, emb=temb)[0]
+        change = None if self.previous is None else rel_l1(modulated, self.previous)
+        self.previous = modulated
+        if not self.edge and change is not None and self.residual is not None:
+            self.accumulated += float(self.rescale(change))
+            if self.accumulated < self.threshold:
+                self.kinds.append("skip")
+                return img + self.residual
+        self.accumulated = 0.0
+        self.kinds.append("full")
+        out = blocks(t, img, txt, temb, rope)[0]
+        self.residual = out - img
+        return out
+
+
+class Recorder(DiTRule):
+    """Computes every step and records, per step, the first block's modulated input and the model's output (the
+    data TeaCache's polynomial is fitted to)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.modulated: list[torch.Tensor] = []
+        self.outputs: list[torch.Tensor] = []
+
+    def _forward(self, return_dict: bool = False, **kw: Any) -> tuple[torch.Tensor]:
+        t = self.transformer
+        img, txt, temb, rope = embed(t, kw)
+        self.modulated.append(t.transformer_blocks[0].norm1(img, emb=temb)[0])
+        out = head(t, blocks(t, img, txt, temb, rope)[0], temb)
+        self.outputs.append(out)
+        self.kinds.append("full")
+        return (out,)
+
+
+def fit_teacache(recorders: list[Recorder], degree: int = 4) -> tuple[float, ...]:
+    """TeaCache's rescaling polynomial fitted as its authors fit it: the relative L1 change of the model's output from
+    step to step against that of the modulated input, over plain runs (``recorders``), least squares."""
+    x, y = [], []
+    for r in recorders:
+        for i in range(1, len(r.outputs)):
+            x.append(rel_l1(r.modulated[i], r.modulated[i - 1]))
+            y.append(rel_l1(r.outputs[i], r.outputs[i - 1]))
+    return tuple(float(c) for c in np.polyfit(np.array(x), np.array(y), degree))

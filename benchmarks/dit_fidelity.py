@@ -1,0 +1,277 @@
+"""The step cache on a diffusion transformer, on the trained FLUX-layout model (``python -m benchmarks.dit_fidelity``;
+issue 26): what each setting keeps of plain's image and what it would save at FLUX.1's real width.
+
+The model (:mod:`benchmarks.fidelity.flux`, ``weights/flux.safetensors``) samples 64 seeds at its trained side with
+the flow-matching Euler sampler on FLUX.1's schedule, classifier-free guidance 4 (cond and uncond batched: one
+stream), 20 steps. Plain runs once; each mode of :data:`MODES` (our cache through the same engine as on the UNets:
+the forecast off = DeepCache's reuse, linear, calibrated; the uniform and the time schedule) and each anchor of
+:data:`ANCHORS` (First Block Cache, TeaCache: :mod:`benchmarks.dit_anchors`, image by image) samples the same noise.
+Reported per mode: mean PSNR and SSIM against plain's sample with their bootstrap 95 % intervals, the judge's class
+accuracy, the full steps of the pass and the speed-up of those steps priced at FLUX.1's real width
+(:mod:`benchmarks.dit_costs`' run; a cached step runs the model's outside and the first double block).
+
+    python -m benchmarks.dit_fidelity            # the run; writes its RESULTS.md section
+    python -m benchmarks.dit_fidelity --quick    # 4 seeds, 4 steps, untrained weights: prints only (CI runs it)
+    python -m benchmarks.dit_fidelity --render   # the section again from benchmarks/runs/dit-fidelity.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+import tome_core
+from benchmarks import dit_anchors as A
+from benchmarks.fidelity import data, flux
+from benchmarks.fidelity.benchmark import labels_for, noise_for
+from benchmarks.fidelity.loading import load_classifier, load_flux
+from benchmarks.fidelity.metrics import Estimate, bootstrap, psnr_ssim
+from benchmarks.results import load_run_data, save_run_data, write_section
+from tome_core.settings import ToMeSettings
+
+BEGIN, END = "<!-- dit-fidelity:begin -->", "<!-- dit-fidelity:end -->"
+CFG = 4.0
+STEPS = 20
+SEEDS = 64
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    forecast: str
+    schedule: str
+    interval: int
+
+    def settings(self) -> ToMeSettings:
+        return ToMeSettings(
+            ratio=0.0,
+            cache=True,
+            cache_interval=self.interval,
+            cache_forecast=self.forecast,
+            cache_schedule=self.schedule,
+        )
+
+
+MODES = tuple(
+    Mode(f"{forecast}-{schedule}-{n}", forecast, schedule, n)
+    for forecast, schedule in (
+        ("off", "uniform"),
+        ("linear", "uniform"),
+        ("calibrated", "uniform"),
+        ("calibrated", "time"),
+    )
+    for n in (2, 3, 4, 5)
+)
+"""Our cache: DeepCache's reuse (off, uniform), the linear and calibrated forecasts, the default (calibrated, time)."""
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """Another cache (:mod:`benchmarks.dit_anchors`): ``make(fitted)`` builds its rule (``fitted``: TeaCache's
+    polynomial fitted to this model)."""
+
+    name: str
+    label: str
+    make: Callable[[tuple[float, ...]], A.DiTRule]
+
+
+ANCHORS = (
+    *(Anchor(f"fbcache-{t:g}", f"First Block Cache {t:g}", lambda _, t=t: A.FirstBlockCache(t)) for t in (0.07, 0.12)),
+    *(
+        Anchor(f"teacache-{t:g}", f"TeaCache {t:g} (FLUX.1's polynomial)", lambda _, t=t: A.TeaCache(t))
+        for t in (0.25, 0.4, 0.6, 0.8)
+    ),
+    *(
+        Anchor(f"teacache-fitted-{t:g}", f"TeaCache {t:g} (fitted here)", lambda fit, t=t: A.TeaCache(t, fit))
+        for t in (0.1, 0.2, 0.4)
+    ),
+)
+"""First Block Cache at the thresholds FLUX users quote; TeaCache at its published FLUX thresholds (1.5–2.25× on
+FLUX.1-dev) with its published polynomial, and with one fitted to this model on seeds of their own."""
+CALIBRATION_SEEDS = range(1000, 1008)
+
+
+def _euler(model: flux.FluxLayout, noise: torch.Tensor, labels: torch.Tensor, steps: int, progress=None):
+    """Guided flow-matching Euler sampling (cond and uncond batched)."""
+    schedule = flux.sigmas(steps, (noise.shape[-1] // flux.PATCH) ** 2)
+    both = torch.cat([labels, torch.full_like(labels, -1)])
+
+    def velocity(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            cond, uncond = model(torch.cat([x, x]), sigma.expand(2 * len(x)), both).chunk(2)
+        return uncond + CFG * (cond - uncond)
+
+    return flux.euler(velocity, noise.clone(), schedule, progress)
+
+
+def sample(model: flux.FluxLayout, noise: torch.Tensor, labels: torch.Tensor, steps: int, mode: Mode | None = None):
+    """One sampling run (``mode`` applied to the transformer for it, removed after): the samples and the pass's steps
+    (full, cached)."""
+    patch = None if mode is None else tome_core.apply_settings(model.transformer, mode.settings())
+    try:
+        progress = None if patch is None else (lambda i, n: patch.set_progress(i / n, n))
+        out = _euler(model, noise, labels, steps, progress)
+        passes = patch.report().cache.passes if patch is not None else ()
+    finally:
+        tome_core.remove_patch(model.transformer)
+    counts = passes[0].to_dict() if passes else {"full": steps, "cached": 0}
+    return out, counts
+
+
+def sample_anchor(model, noise, labels, steps: int, anchor: Anchor, fitted) -> tuple[torch.Tensor, list[dict]]:
+    """The anchor's run, image by image (each rule decides for its image): the samples and each image's steps."""
+    outs, counts = [], []
+    for i in range(len(noise)):
+        rule = anchor.make(fitted).apply(model.transformer)
+        try:
+            outs.append(_euler(model, noise[i : i + 1], labels[i : i + 1], steps, rule.at_step))
+        finally:
+            rule.remove()
+        counts.append(rule.counts())
+    return torch.cat(outs), counts
+
+
+def fit(model: flux.FluxLayout, steps: int) -> tuple[float, ...]:
+    """TeaCache's polynomial fitted to ``model`` on plain runs of :data:`CALIBRATION_SEEDS` (seeds of their own)."""
+    noise = noise_for(CALIBRATION_SEEDS, flux.SIZE, flux.CHANNELS)
+    labels = labels_for(CALIBRATION_SEEDS, len(data.CLASSES))
+    recorders = []
+    for i in range(len(noise)):
+        recorder = A.Recorder().apply(model.transformer)
+        try:
+            _euler(model, noise[i : i + 1], labels[i : i + 1], steps, recorder.at_step)
+        finally:
+            recorder.remove()
+        recorders.append(recorder)
+    return A.fit_teacache(recorders)
+
+
+def accuracy(samples: torch.Tensor, labels: torch.Tensor) -> Estimate:
+    with torch.no_grad():
+        right = (load_classifier()(samples.clamp(-1, 1)).argmax(1) == labels).float().numpy()
+    return bootstrap(right)
+
+
+def priced(counts: dict[str, int]) -> float | None:
+    """A pass's speed-up at FLUX.1's real width (``benchmarks.dit_costs``' run), or None without one: ours (full and
+    cached steps) or an anchor's (full steps; ``first``: the outside, the first block and the signal; ``skip``: the
+    outside and the signal)."""
+    from benchmarks.dit_costs import BlockCosts
+
+    try:
+        results, _ = load_run_data("dit-costs-cpu")
+    except FileNotFoundError:
+        return None
+    costs = BlockCosts(**results[0])
+    full, outside, signal = costs.full_step(), costs.cost("outside"), costs.cost("signal")
+    steps = sum(counts.get(k, 0) for k in ("full", "cached", "first", "skip"))
+    ours = "cached" in counts
+    seconds = counts["full"] * (full + (costs.cost("calibration") if ours else 0.0))
+    seconds += counts.get("cached", 0) * costs.cached_step()
+    seconds += counts.get("first", 0) * (outside + costs.cost("double") + signal)
+    seconds += counts.get("skip", 0) * (outside + signal)
+    return steps * full / seconds
+
+
+def run(seeds: int, steps: int, model: flux.FluxLayout, log) -> dict:
+    seed_range = range(seeds)
+    noise, labels = noise_for(seed_range, flux.SIZE, flux.CHANNELS), labels_for(seed_range, len(data.CLASSES))
+    start = time.perf_counter()
+    plain, _ = sample(model, noise, labels, steps)
+    out = {"plain": {"accuracy": accuracy(plain, labels).to_json()}}
+    log(f"plain: {time.perf_counter() - start:.0f} s, accuracy {out['plain']['accuracy'][0]:.0%}")
+    for mode in MODES:
+        samples, counts = sample(model, noise, labels, steps, mode)
+        psnr, ssim = psnr_ssim(samples, plain)
+        out[mode.name] = {
+            "mode": asdict(mode),
+            "psnr": bootstrap(psnr).to_json(),
+            "ssim": bootstrap(ssim).to_json(),
+            "accuracy": accuracy(samples, labels).to_json(),
+            "counts": counts,
+        }
+        log(f"{mode.name}: {out[mode.name]['psnr'][0]:.1f} dB, {counts}")
+    fitted = fit(model, steps)
+    out["teacache-polynomial"] = list(fitted)
+    for anchor in ANCHORS:
+        samples, per_image = sample_anchor(model, noise, labels, steps, anchor, fitted)
+        psnr, ssim = psnr_ssim(samples, plain)
+        speeds = [priced(c) for c in per_image]
+        out[anchor.name] = {
+            "label": anchor.label,
+            "psnr": bootstrap(psnr).to_json(),
+            "ssim": bootstrap(ssim).to_json(),
+            "accuracy": accuracy(samples, labels).to_json(),
+            "counts": {k: sum(c[k] for c in per_image) / len(per_image) for k in A.KINDS},
+            "speeds": None if None in speeds else speeds,
+        }
+        log(f"{anchor.name}: {out[anchor.name]['psnr'][0]:.1f} dB, {out[anchor.name]['counts']}")
+    return out
+
+
+def section(data_: dict, meta: dict) -> str:
+    plain = Estimate.from_json(data_["plain"]["accuracy"])
+    lines = [
+        BEGIN,
+        "## The step cache on a diffusion transformer (`python -m benchmarks.dit_fidelity`)",
+        "",
+        f"The trained FLUX-layout model (`benchmarks/fidelity/weights/flux.md`), {meta['seeds']} seeds, {meta['steps']} "
+        f"flow-matching Euler steps on FLUX.1's schedule, CFG {CFG:g}; {meta['seconds'] / 60:.0f} min (1 torch thread). "
+        f"PSNR and SSIM against plain's sample (mean [bootstrap 95 %]); class accuracy (plain: {plain.cell('.0%', 1)}); "
+        "speed-up: the pass's full and cached steps priced at FLUX.1's real width (`benchmarks.dit_costs`).",
+        "",
+        "| mode | PSNR (dB) | SSIM | accuracy | full steps | speed-up |",
+        "|---|---|---|---|---:|---:|",
+    ]
+    for row in data_.values():
+        if not isinstance(row, dict) or "psnr" not in row:
+            continue
+        if "mode" in row:
+            mode = row["mode"]
+            label = f"ours: {mode['forecast']}, {mode['schedule']}, N={mode['interval']}"
+            speed, full = priced(row["counts"]), str(row["counts"]["full"])
+        else:
+            label, full = row["label"], f"{row['counts']['full']:.1f}"
+            speed = sum(row["speeds"]) / len(row["speeds"]) if row.get("speeds") else None
+        cells = [
+            label,
+            Estimate.from_json(row["psnr"]).cell(".1f"),
+            Estimate.from_json(row["ssim"]).cell(".3f"),
+            f"{row['accuracy'][0]:.0%}",
+            full,
+            "—" if speed is None else f"{speed:.2f}×",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    if "teacache-polynomial" in data_:
+        fitted = ", ".join(f"{c:.4g}" for c in data_["teacache-polynomial"])
+        lines += ["", f"TeaCache's polynomial fitted to this model (highest power first): {fitted}."]
+    return "\n".join([*lines, END])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--render", action="store_true")
+    args = parser.parse_args(argv)
+    if args.render:
+        results, meta = load_run_data("dit-fidelity")
+        return write_section(section(results, meta), BEGIN, END)
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    seeds, steps = (4, 4) if args.quick else (SEEDS, STEPS)
+    model = flux.build(len(data.CLASSES)).eval() if args.quick else load_flux()
+    results = run(seeds, steps, model, print)
+    meta = {"seeds": seeds, "steps": steps, "seconds": round(time.perf_counter() - start, 1)}
+    text = section(results, meta)
+    print(text)
+    if not args.quick:
+        save_run_data("dit-fidelity", results, meta)
+        write_section(text, BEGIN, END)
+
+
+if __name__ == "__main__":
+    main()

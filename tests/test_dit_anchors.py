@@ -1,0 +1,71 @@
+"""The DiT anchors (``benchmarks.dit_anchors``, issue 26): the model's forward taken apart gives its output bit for
+bit; First Block Cache and TeaCache skip as their descriptions say; TeaCache's polynomial is fitted as its authors
+fit it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks import dit_anchors as A
+from benchmarks.fidelity import flux
+
+
+@pytest.fixture(scope="module")
+def model():
+    return flux.build(10, seed=4).eval().requires_grad_(False)
+
+
+def _sample(model, rule=None, steps=6):
+    x = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    labels = torch.tensor([3, -1])
+    if rule is not None:
+        rule.apply(model.transformer)
+    try:
+        with torch.no_grad():
+            return flux.euler(
+                lambda x, s: model(torch.cat([x, x]), s.expand(2), labels)[:1],
+                x,
+                flux.sigmas(steps, 64),
+                None if rule is None else rule.at_step,
+            )
+    finally:
+        if rule is not None:
+            rule.remove()
+
+
+def test_the_forward_taken_apart_is_the_models_own_and_is_put_back(model):
+    plain = _sample(model)
+    rule = A.DiTRule()
+    assert torch.equal(_sample(model, rule), plain) and rule.counts() == {"full": 6, "first": 0, "skip": 0}
+    assert "forward" not in model.transformer.__dict__ and torch.equal(_sample(model), plain)
+
+
+@pytest.mark.parametrize("make", [A.FirstBlockCache, A.TeaCache])
+def test_at_threshold_zero_every_step_is_computed_and_at_a_high_one_only_the_first_and_last(model, make):
+    plain = _sample(model)
+    exact = make(0.0)
+    assert torch.equal(_sample(model, exact), plain) and exact.counts()["full"] == 6
+    loose = make(1e9)
+    out = _sample(model, loose)
+    kind = "first" if make is A.FirstBlockCache else "skip"
+    assert loose.counts() == {"full": 2, "first": 0, "skip": 0} | {kind: 4}  # steps 0 and 5 computed
+    assert not torch.equal(out, plain)
+
+
+def test_teacaches_polynomial_is_fitted_to_the_output_change_against_the_input_change():
+    truth = np.poly1d([0.5, 2.0, 0.1])  # the output's relative change as a function of the input's
+    recorders = []
+    for seed in range(3):
+        gen = torch.Generator().manual_seed(seed)
+        r = A.Recorder()
+        r.modulated, r.outputs = [torch.ones(8)], [torch.ones(8)]
+        for _ in range(6):
+            change = float(torch.rand((), generator=gen)) * 0.5
+            r.modulated.append(r.modulated[-1] * (1 + change))  # relative L1 change: ``change``
+            r.outputs.append(r.outputs[-1] * (1 + truth(change)))
+        recorders.append(r)
+    fitted = np.poly1d(A.fit_teacache(recorders, degree=2))
+    xs = np.linspace(0.05, 0.45, 5)
+    assert fitted(xs) == pytest.approx(truth(xs), rel=1e-4)

@@ -1,0 +1,35 @@
+"""The DiT fidelity benchmark (``benchmarks.dit_fidelity``, issue 26) runs our cache's modes on the FLUX-layout model
+and prices their steps with the real-width costs."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+
+from benchmarks import dit_costs, dit_fidelity
+from benchmarks.fidelity import data, flux
+
+
+def test_a_quick_run_reports_every_mode_against_plain_and_renders():
+    model = flux.build(len(data.CLASSES), seed=1).eval()
+    results = dit_fidelity.run(2, 4, model, lambda _: None)
+    ours, anchors = [m.name for m in dit_fidelity.MODES], [a.name for a in dit_fidelity.ANCHORS]
+    assert list(results) == ["plain", *ours, "teacache-polynomial", *anchors]
+    assert len(results["teacache-polynomial"]) == 5  # fitted to this model: degree 4
+    assert all(sum(results[a]["counts"].values()) == 4 for a in anchors)  # every step of each image, by kind
+    counts = results["off-uniform-3"]["counts"]
+    assert counts == {"full": 2, "cached": 2, "skipped": 0}  # steps 0 and 3 (the last) of 4
+    assert results["off-uniform-3"]["psnr"][0] < 100  # cached steps changed the samples (identical counts as 100)
+    text = dit_fidelity.section(results, {"seeds": 2, "steps": 4, "seconds": 1.0})
+    assert text.startswith(dit_fidelity.BEGIN) and text.endswith(dit_fidelity.END)
+    assert "| ours: calibrated, time, N=5 |" in text and "| First Block Cache 0.07 |" in text
+
+
+def test_a_pass_is_priced_with_the_real_width_costs(monkeypatch):
+    seconds = {k: [1.0] for k in dit_costs.KINDS} | {"double": [2.0], "calibrated": [0.5], "calibration": [0.25]}
+    costs = dit_costs.BlockCosts(asdict(dit_costs.REAL), seconds)
+    monkeypatch.setattr(dit_fidelity, "load_run_data", lambda name: ([vars(costs)], {}))
+    full = 1.0 + 19 * 2.0 + 38 * 1.0
+    expected = 20 * full / (8 * (full + 0.25) + 12 * (1.0 + 2.0 + 0.5))
+    assert dit_fidelity.priced({"full": 8, "cached": 12}) == pytest.approx(expected)
