@@ -55,16 +55,15 @@ OTHERS = (
     "deepcache-nonuniform-3",
     "deepcache-nonuniform-5",
     "fbcache-0.05",
-    "fbcache-0.1",
-    "teacache-0.1",
     "easycache-0.05",
     "spectrum",
-    "spectrum-window-3-warmup-2",
 )
 """The other families' modes (:mod:`benchmarks.anchors`, :data:`benchmarks.modes.FRONTIER`) run under every sampler:
-two settings or one per family whose speeds, with the others', reach DeepCache N=2 to N=4's (a family's value at a
-speed between its modes is read off the line between them; at a speed below all of its modes', its most faithful
-mode bounds it from below)."""
+DeepCache's non-uniform schedule at two intervals (2.25× and 2.79× on SD1.5 under Euler, DeepCache N=3 and N=5's
+full steps), Spectrum at Neo's defaults (1.43×), First Block Cache and EasyCache at one threshold each (about 2.2–2.4×;
+their other thresholds lie further below on the fidelity run's frontier). A family's value at a speed between its
+modes is read off the line between them; at a speed below all of its modes', its most faithful mode bounds it from
+below. A run may hold more of them (Euler and DPM++ 2M ran TeaCache and two more settings too): every one counts."""
 OTHER_FAMILIES = tuple(f for f in FAMILIES if f not in ("deepcache", "ours"))
 
 
@@ -108,9 +107,7 @@ def best_other(layout: str, sampler: str, n: int, row: dict) -> tuple[float, str
     if target is None:
         return None
     points = [
-        Point(name, M.MODES[name].family, *row[name]["speed"], row[name]["psnr"][0], 0.0)
-        for name in OTHERS
-        if name in row
+        Point(name, M.MODES[name].family, *row[name]["speed"], row[name]["psnr"][0], 0.0) for name in _others(row)
     ]
     found = [(family_at(points, family, target)[0], family) for family in OTHER_FAMILIES]
     found = [(psnr, FAMILIES[family]) for psnr, family in found if psnr is not None]
@@ -225,9 +222,15 @@ def section(data: dict, meta: dict) -> str:
     return "\n".join(lines)
 
 
+def _others(row: dict) -> list[str]:
+    """The other families' modes a sampler's row holds, :data:`OTHERS` first."""
+    extra = [n for n in row if n not in OTHERS and n in M.MODES and M.MODES[n].family in OTHER_FAMILIES]
+    return [n for n in OTHERS if n in row] + extra
+
+
 def _others_table(layout: str, per_sampler: dict) -> list[str]:
     """The other families' modes under each sampler: mean PSNR and mean speed-up."""
-    names = [n for n in OTHERS if any(n in row for row in per_sampler.values())]
+    names = list(dict.fromkeys(n for row in per_sampler.values() for n in _others(row)))
     if not names:
         return []
     lines = [f"{B.LAYOUT_NAMES[layout]}, the other families: mean PSNR, mean speed-up (real width, 1024 px)", ""]

@@ -39,8 +39,8 @@ class Layout:
         raise NotImplementedError
 
     def place(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, Any]:
-        """A call of the whole model: its input (the latent or token sequence) and its first sampler time, on the
-        timestep scale (0–1000; a 0-d tensor where it came as one, never read back)."""
+        """A call of the whole model: its input (the latent or token sequence) and its timesteps on the UNets' scale
+        (0–1000, as the model takes them or scaled so; tensors stay on their device: nothing is read back)."""
         raise NotImplementedError
 
     def keep(self, index: int, out: Any, args: tuple, kwargs: dict) -> Any:
