@@ -63,7 +63,8 @@ DeepCache's non-uniform schedule at two intervals (2.25× and 2.79× on SD1.5 un
 full steps), Spectrum at Neo's defaults (1.43×), First Block Cache and EasyCache at one threshold each (about 2.2–2.4×;
 their other thresholds lie further below on the fidelity run's frontier). A family's value at a speed between its
 modes is read off the line between them; at a speed below all of its modes', its most faithful mode bounds it from
-below. A run may hold more of them (Euler and DPM++ 2M ran TeaCache and two more settings too): every one counts."""
+below. A run may hold more of them (the first runs under Euler, and on SDXL under DPM++ 2M, held TeaCache and more
+settings): every one counts."""
 OTHER_FAMILIES = tuple(f for f in FAMILIES if f not in ("deepcache", "ours"))
 
 
