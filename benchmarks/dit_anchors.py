@@ -27,6 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from benchmarks.anchors import rel_l1
+
 FLUX_POLYNOMIAL = (4.98651651e02, -2.83781631e02, 5.58554382e01, -3.82021401e00, 2.64230861e-01)
 """TeaCache4FLUX's rescaling polynomial (highest power first), published for FLUX.1-dev."""
 KINDS = ("full", "first", "skip")
@@ -51,10 +53,6 @@ def blocks(t: nn.Module, img, txt, temb, rope, double: slice = slice(None), sing
 
 def head(t: nn.Module, img: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
     return t.proj_out(t.norm_out(img, temb))
-
-
-def rel_l1(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().mean() / b.abs().mean().clamp_min(1e-12))
 
 
 class DiTRule:

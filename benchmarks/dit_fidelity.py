@@ -122,32 +122,31 @@ def sample(model: flux.FluxLayout, noise: torch.Tensor, labels: torch.Tensor, st
     return out, counts
 
 
-def sample_anchor(model, noise, labels, steps: int, anchor: Anchor, fitted) -> tuple[torch.Tensor, list[dict]]:
-    """The anchor's run, image by image (each rule decides for its image): the samples and each image's steps."""
-    outs, counts = [], []
+def _per_image(model, noise, labels, steps: int, make: Callable[[], A.DiTRule]) -> tuple[torch.Tensor, list]:
+    """Sampling image by image, each under a fresh rule from ``make`` (each decides for its image): the samples and
+    the rules."""
+    outs, rules = [], []
     for i in range(len(noise)):
-        rule = anchor.make(fitted).apply(model.transformer)
+        rule = make().apply(model.transformer)
         try:
             outs.append(_euler(model, noise[i : i + 1], labels[i : i + 1], steps, rule.at_step))
         finally:
             rule.remove()
-        counts.append(rule.counts())
-    return torch.cat(outs), counts
+        rules.append(rule)
+    return torch.cat(outs), rules
+
+
+def sample_anchor(model, noise, labels, steps: int, anchor: Anchor, fitted) -> tuple[torch.Tensor, list[dict]]:
+    """The anchor's run, image by image: the samples and each image's steps."""
+    samples, rules = _per_image(model, noise, labels, steps, lambda: anchor.make(fitted))
+    return samples, [rule.counts() for rule in rules]
 
 
 def fit(model: flux.FluxLayout, steps: int) -> tuple[float, ...]:
     """TeaCache's polynomial fitted to ``model`` on plain runs of :data:`CALIBRATION_SEEDS` (seeds of their own)."""
     noise = noise_for(CALIBRATION_SEEDS, flux.SIZE, flux.CHANNELS)
     labels = labels_for(CALIBRATION_SEEDS, len(data.CLASSES))
-    recorders = []
-    for i in range(len(noise)):
-        recorder = A.Recorder().apply(model.transformer)
-        try:
-            _euler(model, noise[i : i + 1], labels[i : i + 1], steps, recorder.at_step)
-        finally:
-            recorder.remove()
-        recorders.append(recorder)
-    return A.fit_teacache(recorders)
+    return A.fit_teacache(_per_image(model, noise, labels, steps, A.Recorder)[1])
 
 
 def accuracy(samples: torch.Tensor, labels: torch.Tensor) -> Estimate:
@@ -157,24 +156,15 @@ def accuracy(samples: torch.Tensor, labels: torch.Tensor) -> Estimate:
 
 
 def priced(counts: dict[str, int]) -> float | None:
-    """A pass's speed-up at FLUX.1's real width (``benchmarks.dit_costs``' run), or None without one: ours (full and
-    cached steps) or an anchor's (full steps; ``first``: the outside, the first block and the signal; ``skip``: the
-    outside and the signal)."""
+    """A pass's speed-up at FLUX.1's real width (:meth:`benchmarks.dit_costs.BlockCosts.priced` on that benchmark's
+    run), or None without one."""
     from benchmarks.dit_costs import BlockCosts
 
     try:
         results, _ = load_run_data("dit-costs-cpu")
     except FileNotFoundError:
         return None
-    costs = BlockCosts(**results[0])
-    full, outside, signal = costs.full_step(), costs.cost("outside"), costs.cost("signal")
-    steps = sum(counts.get(k, 0) for k in ("full", "cached", "first", "skip"))
-    ours = "cached" in counts
-    seconds = counts["full"] * (full + (costs.cost("calibration") if ours else 0.0))
-    seconds += counts.get("cached", 0) * costs.cached_step()
-    seconds += counts.get("first", 0) * (outside + costs.cost("double") + signal)
-    seconds += counts.get("skip", 0) * (outside + signal)
-    return steps * full / seconds
+    return BlockCosts(**results[0]).priced(counts)
 
 
 def run(seeds: int, steps: int, model: flux.FluxLayout, log) -> dict:

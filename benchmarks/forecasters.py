@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.anchors import chebyshev_ridge
+from tome_core.forecast import subsample
 
 
 class History:
@@ -114,7 +115,7 @@ class CalibratedTaylor(History):
     def add(self, time, deep: torch.Tensor, probe: torch.Tensor | None = None) -> None:
         if self.points and self.points[-1][1].shape != deep.shape:
             self.points = []
-        self.points = [*self.points, (float(time), deep, _subsample(probe).clone())][-self.keep :]
+        self.points = [*self.points, (float(time), deep, subsample(probe).clone())][-self.keep :]
 
     @property
     def deep(self) -> torch.Tensor | None:
@@ -123,7 +124,7 @@ class CalibratedTaylor(History):
     def predict(self, time, probe: torch.Tensor | None = None) -> torch.Tensor | None:
         if len(self.points) < 2 or probe is None:
             return self.deep
-        live = _subsample(probe)
+        live = subsample(probe)
         (_, d1, p1), (_, d2, p2) = self.points[-2:]
         moved, first = live - p2, p2 - p1
         if len(self.points) < 3:
@@ -136,10 +137,6 @@ class CalibratedTaylor(History):
 
     def nbytes(self) -> int:
         return sum(d.numel() * d.element_size() + p.numel() * p.element_size() for _, d, p in self.points)
-
-
-def _subsample(x: torch.Tensor) -> torch.Tensor:
-    return x[..., ::4, ::4].float()
 
 
 def _solve(target: torch.Tensor, basis: list[torch.Tensor]) -> list[torch.Tensor]:

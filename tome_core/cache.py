@@ -142,7 +142,6 @@ class StepCache:
         self.root = root
         self.settings = settings
         self.layout: Layout | None = layout_for(root, settings.cache_branch)  # SettingsError for a branch it lacks
-        self.usable = self.layout is not None
         self.skipping = False  # the pass through the blocks running now is a cached one
         self._cached_call = False  # the call running now is a cached one
         self._stream: _Stream | None = None  # the stream of the call running now
@@ -162,6 +161,11 @@ class StepCache:
         self._two_times = False  # this pass's steps call the UNet at two times (the time schedule stands down)
         if self.layout is None:
             self._notes.append("step cache off: this model has no UNet input/middle/output blocks")
+
+    @property
+    def usable(self) -> bool:
+        """Whether a family knows the model (else the cache stands aside)."""
+        return self.layout is not None
 
     # --- installing -----------------------------------------------------------------------------------
     def install(self) -> None:

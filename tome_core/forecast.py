@@ -55,7 +55,7 @@ class Track:
         """A full step's deep features (a copy the caller no longer changes) at its sampler time, with its probe."""
         now = _as_time(time, deep)
         # a copy: a view would keep the caller's whole tensor (the entry block's input) alive until the next full step
-        probe = _subsample(probe).clone() if self.forecast == "calibrated" and probe is not None else None
+        probe = subsample(probe).clone() if self.forecast == "calibrated" and probe is not None else None
         self.change = self.span = self.probe_change = None
         if self.forecast != "off" and self.deep is not None and self.deep.shape == deep.shape:
             self.change = deep - self.deep
@@ -70,7 +70,7 @@ class Track:
         if self.change is None:
             return self.deep
         if self.probe_change is not None and probe is not None and probe.shape[-2:] == self.deep.shape[-2:]:
-            live = _subsample(probe)
+            live = subsample(probe)
             if live.shape == self.probe.shape:
                 return self.deep + _position(live - self.probe, self.probe_change) * self.change
         now = None if self.span is None else _as_time(time, self.deep)
@@ -85,7 +85,9 @@ class Track:
         return sum(t.numel() * t.element_size() for t in held if t is not None)
 
 
-def _subsample(x: torch.Tensor) -> torch.Tensor:
+def subsample(x: torch.Tensor) -> torch.Tensor:
+    """The probe as the calibrated forecast reads it: every :data:`PROBE_STRIDE`-th position of its last two
+    dimensions, in float32."""
     return x[..., ::PROBE_STRIDE, ::PROBE_STRIDE].float()
 
 

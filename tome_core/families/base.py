@@ -24,7 +24,6 @@ from torch import nn
 class Layout:
     """One model's blocks as the step cache uses them (see the module)."""
 
-    name = "model"
     start: nn.Module
     entry: nn.Module
     skipped: list[nn.Module]

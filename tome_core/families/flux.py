@@ -30,10 +30,19 @@ def _streams(root: nn.Module) -> tuple[list[nn.Module], list[nn.Module]] | None:
     return list(double), list(single)
 
 
+def _identity(root: nn.Module, streams: tuple[list[nn.Module], list[nn.Module]]) -> list[int]:
+    """The identity of every block and of the output norm, in order: what the cache wrapped and hooked."""
+    return [id(m) for m in (*streams[0], *streams[1], root.norm_out)]
+
+
+def _image(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The image stream entering ``norm_out`` (called as ``norm_out(hidden_states, temb)``)."""
+    x = args[0] if args else kwargs.get("hidden_states")
+    return x if isinstance(x, torch.Tensor) else None
+
+
 class DiffusersFlux(Layout):
     """diffusers' FLUX transformer for the step cache (see the module)."""
-
-    name = "FLUX (diffusers)"
 
     def __init__(self, root: nn.Module, streams: tuple[list[nn.Module], list[nn.Module]], branch: int):
         double, single = streams
@@ -43,7 +52,7 @@ class DiffusersFlux(Layout):
         self.start = double[0]
         self.skipped = [*double[branch + 1 :], *single]
         self.entry = root.norm_out
-        self._identity = [id(m) for m in (*double, *single, root.norm_out)]
+        self._identity = _identity(root, streams)
         self._left_probe: torch.Tensor | None = None  # the image stream as it left the probe, in a full pass
 
     @classmethod
@@ -53,7 +62,7 @@ class DiffusersFlux(Layout):
 
     def intact(self) -> bool:
         streams = _streams(self.root)
-        return streams is not None and [id(m) for m in (*streams[0], *streams[1], self.root.norm_out)] == self._identity
+        return streams is not None and _identity(self.root, streams) == self._identity
 
     def place(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, Any]:
         x = kwargs.get("hidden_states", args[0] if args else None)
@@ -70,18 +79,18 @@ class DiffusersFlux(Layout):
         return kwargs["encoder_hidden_states"], kwargs["hidden_states"]
 
     def features(self, args: tuple, kwargs: dict, kept: dict[int, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        x, left = (args[0] if args else kwargs.get("hidden_states")), self._left_probe
+        x, left = _image(args, kwargs), self._left_probe
         self._left_probe = None
-        if not isinstance(x, torch.Tensor) or not isinstance(left, torch.Tensor) or x.shape != left.shape:
+        if x is None or not isinstance(left, torch.Tensor) or x.shape != left.shape:
             return None
         return x - left, left
 
     def probe(self, args: tuple, kwargs: dict, kept: dict[int, Any]) -> torch.Tensor | None:
-        x = args[0] if args else kwargs.get("hidden_states")
-        return x if isinstance(x, torch.Tensor) else None
+        return _image(args, kwargs)
 
     def inject(self, args: tuple, kwargs: dict, kept: dict[int, Any], deep: torch.Tensor) -> tuple[tuple, dict] | None:
-        x = args[0] if args else kwargs.get("hidden_states")
-        if not isinstance(x, torch.Tensor) or x.shape != deep.shape:
+        x = _image(args, kwargs)
+        if x is None or x.shape != deep.shape:
             return None
-        return ((x + deep.to(x.dtype), *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x + deep})
+        merged = x + deep.to(x.dtype)
+        return ((merged, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": merged})

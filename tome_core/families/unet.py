@@ -57,8 +57,6 @@ def _entry_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
 class UNetLayout(Layout):
     """A UNet's blocks for the step cache (see the module)."""
 
-    name = "UNet"
-
     def __init__(self, root: nn.Module, blocks: tuple[list[nn.Module], nn.Module, list[nn.Module]], branch: int):
         inputs, middle, outputs = blocks
         n = len(inputs)
@@ -92,22 +90,23 @@ class UNetLayout(Layout):
         shape, dtype, device = kept
         return torch.zeros(shape, dtype=dtype, device=device)
 
-    def _channels(self, kept: dict[int, Any], x: torch.Tensor) -> int | None:
-        below = kept.get(self._below)  # what the layer below returned: the deep features' channels
-        channels = None if below is None else below[0][1]
-        return channels if channels is not None and channels < x.shape[1] else None
+    def _split(self, args: tuple, kwargs: dict, kept: dict[int, Any]) -> tuple[torch.Tensor, int] | None:
+        """The entry block's input and the deep features' channels in it (what the layer below returned), or None."""
+        x, below = _entry_input(args, kwargs), kept.get(self._below)
+        if x is None or below is None or not below[0][1] < x.shape[1]:
+            return None
+        return x, below[0][1]
 
     def features(self, args: tuple, kwargs: dict, kept: dict[int, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        x = _entry_input(args, kwargs)
-        channels = None if x is None else self._channels(kept, x)
-        if channels is None:
+        found = self._split(args, kwargs, kept)
+        if found is None:
             return None
+        x, channels = found
         return x[:, :channels].clone(), x[:, channels:]  # the skip connection: the probe
 
     def probe(self, args: tuple, kwargs: dict, kept: dict[int, Any]) -> torch.Tensor | None:
-        x = _entry_input(args, kwargs)
-        channels = None if x is None else self._channels(kept, x)
-        return None if channels is None else x[:, channels:]
+        found = self._split(args, kwargs, kept)
+        return None if found is None else found[0][:, found[1] :]
 
     def inject(self, args: tuple, kwargs: dict, kept: dict[int, Any], deep: torch.Tensor) -> tuple[tuple, dict] | None:
         x = _entry_input(args, kwargs)
