@@ -188,8 +188,11 @@ class StepCache:
             if self.skipping:
                 assert self._pass is not None and self.layout is not None
                 return self.layout.placeholder(index, self._pass.kept[index], args, kwargs)
+            keeping = self._pass is not None and not self._cached_call and self.layout is not None
+            if keeping:
+                self.layout.enter(index, args, kwargs)
             out = original(*args, **kwargs)
-            if self._pass is not None and not self._cached_call and self.layout is not None:
+            if keeping:
                 kept = self.layout.keep(index, out, args, kwargs)
                 if kept is not None:
                     self._pass.kept[index] = kept

@@ -1,17 +1,18 @@
 """Model families: how the step cache finds, in one model, the blocks a cached step skips and where their result
 enters again (:class:`~tome_core.families.base.Layout`). The cache speaks of blocks; a family is an adapter that
-knows one model's layout: the ldm/sgm/Forge/ComfyUI UNets (:mod:`.unet`) and diffusers' FLUX transformer
-(:mod:`.flux`)."""
+knows one model's layout: the ldm/sgm/Forge/ComfyUI UNets (:mod:`.unet`), diffusers' FLUX transformer (:mod:`.flux`)
+and FLUX/Chroma as ComfyUI and Forge Neo run them (:mod:`.bfl`)."""
 
 from __future__ import annotations
 
 from torch import nn
 
 from .base import Layout
+from .bfl import BflFlux
 from .flux import DiffusersFlux
 from .unet import UNetLayout
 
-FAMILIES: tuple[type[Layout], ...] = (UNetLayout, DiffusersFlux)
+FAMILIES: tuple[type[Layout], ...] = (UNetLayout, DiffusersFlux, BflFlux)
 
 
 def layout_for(root: nn.Module, branch: int) -> Layout | None:
@@ -24,4 +25,4 @@ def layout_for(root: nn.Module, branch: int) -> Layout | None:
     return None
 
 
-__all__ = ["FAMILIES", "DiffusersFlux", "Layout", "UNetLayout", "layout_for"]
+__all__ = ["FAMILIES", "BflFlux", "DiffusersFlux", "Layout", "UNetLayout", "layout_for"]

@@ -42,6 +42,9 @@ class Layout:
         (0–1000, as the model takes them or scaled so; tensors stay on their device: nothing is read back)."""
         raise NotImplementedError
 
+    def enter(self, index: int, args: tuple, kwargs: dict) -> None:
+        """Skipped module ``index`` is about to run in a full pass (a block may change its input in place)."""
+
     def keep(self, index: int, out: Any, args: tuple, kwargs: dict) -> Any:
         """What a full pass keeps of skipped module ``index``'s call (its output ``out``) for the cached passes'
         placeholder; None: nothing (the pass is then incomplete and later ones of its number run in full)."""
