@@ -5,8 +5,8 @@ Written from reading ComfyUI ``comfy/ldm/flux/model.py`` and ``layers.py`` at ``
 ``webui/backend/nn/flux.py`` at ``5692d2d`` (the same loop: Neo ported ComfyUI's); no code copied:
 
 - ``Flux.forward(x, timestep, context, y=None, guidance=None, control=None, transformer_options={}, **kwargs)``
-  (model.py:299-351): the latent patchified into 2x2 tokens, image ids (0, row, column), text ids zero, the
-  ``DIFFUSION_MODEL`` wrappers from ``transformer_options`` when ComfyUI's ``patcher_extension`` is importable.
+  (model.py:299-351): the latent patchified into 2x2 tokens, image ids (0, row, column), text ids zero; in ComfyUI the
+  ``DIFFUSION_MODEL`` wrappers from ``transformer_options`` (Neo's ``forward``, flux.py:579, has none).
 - ``forward_orig`` (l.132-267): ``img_in``, ``time_in(timestep_embedding(t, 256))`` (+ ``guidance_in``, +
   ``vector_in(y)``), ``txt_in``; ``pe`` from the text ids then the image ids; the double-stream blocks with keywords
   ``img=, txt=, vec=, pe=, attn_mask=, transformer_options=`` (or through ``patches_replace["dit"][("double_block",
@@ -183,6 +183,9 @@ class LastLayer(nn.Module):
 class Flux(nn.Module):
     """``comfy.ldm.flux.model.Flux`` / Neo's ``IntegratedFluxTransformer2DModel`` at small width (see the module)."""
 
+    WRAPPERS = True
+    """Whether ``forward`` runs ComfyUI's ``DIFFUSION_MODEL`` wrappers (Neo's has none)."""
+
     def __init__(
         self, in_channels=4, hidden=32, heads=2, depth=2, depth_single=3, context_dim=32, vec_in_dim=8, seed=0
     ):
@@ -255,10 +258,10 @@ class Flux(nn.Module):
         return self.final_layer(img, vec)
 
     def forward(self, x, timestep, context, y=None, guidance=None, control=None, transformer_options={}, **kwargs):  # noqa: B006
-        try:
-            from comfy import patcher_extension as pe
-        except ImportError:
+        if not self.WRAPPERS:
             return self._forward(x, timestep, context, y, guidance, control, transformer_options)
+        from comfy import patcher_extension as pe
+
         wrappers = pe.get_all_wrappers(pe.WrappersMP.DIFFUSION_MODEL, transformer_options)
         executor = pe.WrapperExecutor.new_class_executor(self._forward, self, wrappers)
         return executor.execute(x, timestep, context, y, guidance, control, transformer_options)

@@ -82,7 +82,11 @@ def test_neos_builtin_token_merging_and_its_options_are_taken_over_and_left_as_t
     assert backend.TomePatcher.calls and identical(again_spy.outputs, builtin_spy.outputs)
 
 
-@pytest.mark.parametrize("family", list(backend.FAMILIES))
+CACHED = ("Flux", "Flux2", "Chroma")
+"""Neo's families whose blocks the step cache knows (Black Forest Labs' FLUX layout, ``tome_core.families.bfl``)."""
+
+
+@pytest.mark.parametrize("family", [f for f in backend.FAMILIES if f not in CACHED])
 def test_a_model_family_without_the_unet_runs_unmerged_with_notes_and_sd15_merges_after(
     start_neo, neo_builders, family
 ):
@@ -92,7 +96,7 @@ def test_a_model_family_without_the_unet_runs_unmerged_with_notes_and_sd15_merge
     res, (spy,) = generate(txt, tome_args(txt, ratio=0.5, cache=True), [model], steps=2)
     notes = res.js()
     assert f"nothing merged ({family} has no UNet transformer blocks)" in res.infotexts[0]
-    assert "step cache off: this model has no UNet input/middle/output blocks" in notes
+    assert "step cache off: the cache knows the blocks of UNets, FLUX and Chroma, not of this model" in notes
     assert ext.ERROR_KEY not in notes and not errors.reported  # no error, no traceback
     assert identical(spy.outputs, plain_spy.outputs) and identical(pixels(res), pixels(plain))
     assert untouched(model)
@@ -100,6 +104,22 @@ def test_a_model_family_without_the_unet_runs_unmerged_with_notes_and_sd15_merge
     merged, (sd_spy,) = generate(txt, tome_args(txt, ratio=0.5), [sd15], steps=2)
     assert sd_spy.calls and all(s is not None and s.ratio == 0.5 for s in sd_spy.calls)
     assert ext.NOTE_KEY not in merged.js() and untouched(sd15)
+
+
+@pytest.mark.parametrize("family", CACHED)
+def test_the_accordions_cache_acts_on_neos_flux_and_chroma_and_the_plain_image_follows(start_neo, neo_builders, family):
+    model = unet_of(neo_builders[family])
+    txt, _ = start_neo(checkpoint=family)
+    cache = {"ratio": 0.0, "cache": True, "cache_forecast": "linear", "cache_schedule": "uniform"}
+    plain, (plain_spy,) = generate(txt, None, [model], steps=6)
+    res, (spy,) = generate(txt, tome_args(txt, **cache), [model], steps=6)
+    again, _ = generate(txt, tome_args(txt, **cache), [model], steps=6)
+    after, (after_spy,) = generate(txt, None, [model], steps=6)
+    assert 'ToMe cache steps: "3 full, 3 cached"' in res.infotexts[0] and ext.NOTE_KEY not in res.js()
+    assert [c for c in spy.cached] == cached_schedule(6, 3) and not errors.reported
+    assert not identical(spy.outputs, plain_spy.outputs) and identical(pixels(again), pixels(res))
+    assert identical(after_spy.outputs, plain_spy.outputs) and identical(pixels(after), pixels(plain))
+    assert untouched(model)
 
 
 def _switch_sigma(steps: int, at_step: int) -> float:

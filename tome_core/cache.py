@@ -160,7 +160,7 @@ class StepCache:
         self._timed = settings.cache_schedule == "time"
         self._two_times = False  # this pass's steps call the UNet at two times (the time schedule stands down)
         if self.layout is None:
-            self._notes.append("step cache off: this model has no UNet input/middle/output blocks")
+            self._notes.append("step cache off: the cache knows the blocks of UNets, FLUX and Chroma, not of this model")
 
     @property
     def usable(self) -> bool:

@@ -192,11 +192,14 @@ class MergeReport:
     aside: tuple[tuple[str, str, int], ...] = ()
     cache: CacheReport | None = None  # the step cache's calls and notes, when it is on
     model: str = "this model"
+    merging: bool = True  # merging was asked for (ratio > 0): only then is "nothing merged" a shortfall
 
     @property
     def notes(self) -> tuple[str, ...]:
         """Short, host-independent phrases, one per kind of shortfall (empty when there is none)."""
         cache = self.cache.notes if self.cache is not None else ()
+        if self.blocks == 0 and not self.merging:
+            return cache
         if self.blocks == 0:
             return (f"nothing merged ({self.model} has no UNet transformer blocks)", *cache)
         of = f"of {self.blocks} blocks"
@@ -664,6 +667,7 @@ class Patch:
             aside=tuple((layer, reason, len(blocks)) for (layer, reason), blocks in f.aside.items()),
             cache=None if self.cache is None else self.cache.report(),
             model=self.name,
+            merging=self.settings.merges,
         )
 
     def reset_report(self) -> None:

@@ -19,10 +19,11 @@ import execution
 import nodes
 import tiny_models
 import torch
+from bfl_flux_double import Flux as BflFluxDouble
 from comfy import model_management
 from comfy.controlnet import ControlNet
 from comfy.ldm import controlnet_from_ldm, unet_from_ldm
-from comfy.model_base import BaseModel
+from comfy.model_base import BaseModel, Flux
 from comfy.model_patcher import ModelPatcher
 from forge_double.backend import FluxLikeModel
 
@@ -30,9 +31,12 @@ from forge_double.backend import FluxLikeModel
 @functools.cache
 def base_model(kind: str) -> BaseModel:
     """``sd15``, ``sdxl`` (the tiny ldm UNets of seed 0 in ComfyUI's layout), ``sd15b`` (seed 1: another checkpoint, the
-    refiner) or ``flux`` (a model without UNet transformer blocks)."""
+    refiner), ``flux`` (a model without UNet transformer blocks: no family knows it) or ``flux1`` (FLUX in Black Forest
+    Labs' layout, ``tests/bfl_flux_double.py``, on the flow-matching schedule)."""
     if kind == "flux":
         return BaseModel(FluxLikeModel(context_dim=nodes.CONTEXT[1]))
+    if kind == "flux1":
+        return Flux(BflFluxDouble(context_dim=nodes.CONTEXT[1]).requires_grad_(False))
     make = tiny_models.make_tiny_sdxl_unet if kind == "sdxl" else tiny_models.make_tiny_sd15_unet
     return BaseModel(unet_from_ldm(make(1 if kind == "sd15b" else 0)))
 
@@ -47,7 +51,7 @@ def start(*custom_nodes: str) -> None:
     nodes.init_builtin_nodes()
     model_management.unload_all_models()
     model_management.interrupt_current_processing(False)
-    for kind in ("sd15", "sd15b", "sdxl", "flux"):
+    for kind in ("sd15", "sd15b", "sdxl", "flux", "flux1"):
         nodes.CHECKPOINTS[kind] = lambda kind=kind: ModelPatcher(base_model(kind))
     nodes.CONTROLNETS["control"] = ControlNet(control_model())
     unet = base_model("sd15").diffusion_model

@@ -7,10 +7,12 @@ everything else is ``forge_double.backend``).
   ``r <= 0`` or the grid is one token wide (l.145-146).
 - The engines of Neo's model families (``backend/diffusion_engine/*.py``) whose diffusion model is no ldm/sgm UNet, each
   around a small module of the class Neo's loader builds for it (``backend/loader.py:363-422``) with that model's block
-  list and the names of its blocks' layers (``backend/nn/*.py``, below). ToMe reads nothing but that module tree (it
-  looks for blocks laid out as ``norm1, attn1, attn2, ff`` and for ``input_blocks`` / ``middle_block`` /
+  list and the names of its blocks' layers (``backend/nn/*.py``, below). For these ToMe reads nothing but that module
+  tree (it looks for blocks laid out as ``norm1, attn1, attn2, ff`` and for ``input_blocks`` / ``middle_block`` /
   ``output_blocks``, which none of them has); their forward is a few convolutions and linear layers through those
-  named layers, not the real model's math.
+  named layers, not the real model's math. FLUX and Chroma (``nn/flux.py``, ``nn/chroma.py``), whose blocks the step
+  cache knows, are ComfyUI's loop (Neo ported it): ``tests/bfl_flux_double.py``, without ComfyUI's wrappers. Neo runs
+  them on the flow-matching predictor; the double keeps Forge's discrete one (the timesteps they get are 0–999).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import ClassVar
 
 import tomesd.merge
 import torch
+from bfl_flux_double import Flux as BflFlux
 from forge_double import backend as forge
 from modules.shared import opts
 from torch import nn
@@ -117,18 +120,12 @@ def _blocks(name: str, layers: tuple[str, ...]) -> type[_Block]:
     return type(name, (_Block,), {"LAYERS": layers})
 
 
-DoubleStreamBlock = _blocks(  # nn/flux.py:186
-    "DoubleStreamBlock", ("img_norm1", "img_attn", "img_norm2", "img_mlp", "txt_norm1", "txt_attn", "txt_mlp")
-)
-SingleStreamBlock = _blocks("SingleStreamBlock", ("linear1", "linear2", "pre_norm", "modulation"))  # nn/flux.py:267
+class IntegratedFluxTransformer2DModel(BflFlux):  # nn/flux.py:349; Flux, Flux.2 Klein: ComfyUI's loop, no wrappers
+    WRAPPERS = False
 
 
-class IntegratedFluxTransformer2DModel(DiTDouble):  # nn/flux.py:349; Flux, Flux.2 Klein
-    BLOCKS: ClassVar[dict[str, type[_Block]]] = {"double_blocks": DoubleStreamBlock, "single_blocks": SingleStreamBlock}
-
-
-class IntegratedChromaTransformer2DModel(DiTDouble):  # nn/chroma.py:87: flux's blocks
-    BLOCKS: ClassVar[dict[str, type[_Block]]] = {"double_blocks": DoubleStreamBlock, "single_blocks": SingleStreamBlock}
+class IntegratedChromaTransformer2DModel(BflFlux):  # nn/chroma.py:87: flux's blocks and loop
+    WRAPPERS = False
 
 
 class WanModel(DiTDouble):  # nn/wan.py:266, WanAttentionBlock l.155

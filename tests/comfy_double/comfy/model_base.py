@@ -9,6 +9,9 @@
   ascending (``sigma_min = sigmas[0]``), ``timestep`` = the nearest index in log sigma, ``sigma`` log-interpolated,
   ``percent_to_sigma``; ``noise_scaling`` with ``max_denoise``.
 - ``extra_conds`` (l.213+): the cross-attention context, SDXL's ``y`` where the UNet takes one.
+- ``Flux`` (model_base.py:837) with ``ModelSamplingFlux`` + ``CONST`` (model_sampling.py:62-76, 340-377): rectified
+  flow, the sigma (0–1, shifted by ``flux_time_shift(1.15, 1, t)``) passed as the timestep, the input unscaled,
+  ``denoised = x - out * sigma``; the pooled text embedding as ``y``.
 """
 
 from __future__ import annotations
@@ -76,6 +79,51 @@ class ModelSamplingDiscrete(nn.Module):
         return latent
 
 
+class ModelSamplingFlux(nn.Module):
+    def __init__(self, shift: float = 1.15, timesteps: int = 10000):
+        super().__init__()
+        self.shift = shift
+        self.register_buffer("sigmas", self.sigma(torch.arange(1, timesteps + 1) / timesteps), persistent=False)
+
+    @property
+    def sigma_min(self):
+        return self.sigmas[0]
+
+    @property
+    def sigma_max(self):
+        return self.sigmas[-1]
+
+    def timestep(self, sigma):
+        return sigma
+
+    def sigma(self, timestep):
+        return math.exp(self.shift) / (math.exp(self.shift) + (1 / timestep - 1))
+
+    def percent_to_sigma(self, percent):
+        if percent <= 0.0:
+            return 1.0
+        if percent >= 1.0:
+            return 0.0
+        return float(self.sigma(torch.tensor(1.0 - percent)))
+
+    @staticmethod
+    def _shape(sigma, ndim):
+        return sigma.view(sigma.shape[:1] + (1,) * (ndim - 1))
+
+    def calculate_input(self, sigma, noise):
+        return noise
+
+    def calculate_denoised(self, sigma, model_output, model_input):
+        return model_input - model_output * self._shape(sigma, model_output.ndim)
+
+    def noise_scaling(self, sigma, noise, latent_image, max_denoise=False):
+        sigma = self._shape(sigma.reshape(-1)[:1].expand(noise.shape[0]), noise.ndim)
+        return sigma * noise + (1.0 - sigma) * latent_image
+
+    def inverse_noise_scaling(self, sigma, latent):
+        return latent / (1.0 - self._shape(sigma.reshape(-1)[:1].expand(latent.shape[0]), latent.ndim))
+
+
 class BaseModel(nn.Module):
     def __init__(self, diffusion_model: nn.Module, adm_channels: int = 0):
         super().__init__()
@@ -114,3 +162,11 @@ class BaseModel(nn.Module):
 
     def memory_required(self, input_shape) -> float:
         return math.prod(input_shape) * 4.0
+
+
+class Flux(BaseModel):
+    """FLUX (``model_base.Flux``): the flow-matching schedule; ``y`` is the pooled text embedding (zeros here)."""
+
+    def __init__(self, diffusion_model: nn.Module):
+        super().__init__(diffusion_model, adm_channels=diffusion_model.vec_in_dim)
+        self.model_sampling = ModelSamplingFlux()
