@@ -90,3 +90,60 @@ def test_a_cache_branch_the_model_lacks_is_named_and_the_next_prompt_is_plain():
     message = failed.value.exception_message
     assert "'cache_branch' = 2" in message and "0 to 1 for this model" in message
     assert untouched(model()) and torch.equal(sample(), plain)
+
+
+def wan(patches=(), **kwargs) -> torch.Tensor:
+    return ch.samples(ch.run(ch.txt2img("wan", patches, **{**SIZE, "length": 5, "cfg": 5.0, **kwargs})))
+
+
+def test_wan_video_with_cfg_is_cached_per_stream_and_the_plain_video_follows(console):
+    plain = wan()
+    cache = {"cache_interval": 3, "cache_forecast": "linear", "cache_schedule": "uniform"}
+    seen = []
+    module = ch.base_model("wan").diffusion_model
+    handle = module.register_forward_pre_hook(lambda m, a, k: seen.append(tuple(a[0].shape)), with_kwargs=True)
+    try:
+        cached = wan([("ToMeStepCache", cache)])
+    finally:
+        handle.remove()
+    assert seen == [(2, 16, 2, 8, 8)] * 6  # cond and uncond batched, two latent frames
+    assert console()[-1].endswith("ToMe cache steps: 3 full, 3 cached")
+    assert not torch.equal(cached, plain) and (cached - plain).abs().max() < 0.25 * plain.abs().max()
+    assert untouched(module) and torch.equal(wan(), plain)
+
+
+def test_wan_2_2s_two_experts_each_start_with_a_fresh_cache(console):
+    """Wan 2.2: the high-noise expert samples the first steps, the low-noise expert (another model) the rest, each
+    with the step cache: each pass begins with full steps of its own."""
+    wf = ch.txt2img(
+        "wan",
+        [("ToMeStepCache", {"cache_interval": 2, "cache_schedule": "uniform"})],
+        **{**SIZE, "length": 5, "cfg": 5.0},
+    )
+    wf["12"] = {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "wan_low"}}
+    wf["13"] = {
+        "class_type": "ToMeStepCache",
+        "inputs": {"model": ["12", 0], "cache_interval": 2, "cache_schedule": "uniform"},
+    }
+    base = {k: v for k, v in wf["5"]["inputs"].items() if k not in ("seed", "denoise")}
+    passes = {"noise_seed": 1, "return_with_leftover_noise": "enable", "steps": 8}
+    wf["5"] = {
+        "class_type": "KSamplerAdvanced",
+        "inputs": {**base, **passes, "add_noise": "enable", "start_at_step": 0, "end_at_step": 4},
+    }
+    wf["6"] = {
+        "class_type": "KSamplerAdvanced",
+        "inputs": {
+            **base,
+            **passes,
+            "model": ["13", 0],
+            "add_noise": "disable",
+            "latent_image": ["5", 0],
+            "start_at_step": 4,
+            "end_at_step": 8,
+        },
+    }
+    ch.run(wf)
+    steps = [line for line in console() if "ToMe cache steps" in line]
+    assert [line.rsplit("ToMe cache steps: ", 1)[1] for line in steps] == ["3 full, 1 cached", "3 full, 1 cached"]
+    assert untouched(ch.base_model("wan").diffusion_model) and untouched(ch.base_model("wan_low").diffusion_model)

@@ -62,7 +62,7 @@ class _Stream:
     may run the blocks more than once: ControlNet's reference-only runs a reference pass before the main one), the
     deep features' track per pass (kept across full calls, for the forecast) and its schedule."""
 
-    size: tuple[int, int] | None
+    shape: tuple[int, ...] | None  # of its calls' input, without the batch
     batch: int | None
     last_full: int  # step of its last full call
     refresh: Refresh
@@ -160,7 +160,9 @@ class StepCache:
         self._timed = settings.cache_schedule == "time"
         self._two_times = False  # this pass's steps call the UNet at two times (the time schedule stands down)
         if self.layout is None:
-            self._notes.append("step cache off: the cache knows the blocks of UNets, FLUX and Chroma, not of this model")
+            self._notes.append(
+                "step cache off: the cache knows the blocks of UNets, FLUX and Chroma, not of this model"
+            )
 
     @property
     def usable(self) -> bool:
@@ -233,7 +235,7 @@ class StepCache:
             return
         key = (call.index, call.chunk)
         stream = self._streams.get(key)
-        same = stream is not None and stream.size == call.size and stream.batch == call.batch
+        same = stream is not None and stream.shape == call.shape and stream.batch == call.batch
         fits = same and bool(stream.passes) and all(self._complete(p) for p in stream.passes)
         since_full = call.step - stream.last_full if stream is not None else 0
         steps = None if self._two_times else call.steps  # no step count: the time schedule is the uniform one
@@ -244,7 +246,7 @@ class StepCache:
             self._count(call, full=False)
             return
         refresh, tracks = (stream.refresh, stream.tracks) if same else (self.refresh(self.settings), [])
-        self._streams[key] = stream = _Stream(call.size, call.batch, call.step, refresh, tracks=tracks)
+        self._streams[key] = stream = _Stream(call.shape, call.batch, call.step, refresh, tracks=tracks)
         refresh.full(x, call.time, call.progress, call.step_time)
         self._begin_call(stream, cached=False)
         self._full += 1

@@ -37,6 +37,7 @@ class Call:
     time: torch.Tensor | float | None = None  # the sampler's time: the call's first timestep, never read back
     step_time: torch.Tensor | float | None = None  # the time of the step's first call (a second-order sampler's
     # later calls of a step run at other times; the step is placed by its first)
+    shape: tuple[int, ...] | None = None  # the input's shape without the batch (a video latent's frames too)
 
     @property
     def last(self) -> bool:
@@ -105,9 +106,9 @@ class StepClock:
         """Place the call starting now (the root's forward pre-hook) on the model's input ``x`` (a latent, or a
         transformer's token sequence) at ``timesteps`` (on the 0–1000 scale; :func:`unet_input`). Without reported
         progress the timestep is read only if ``read_timestep`` (else every call counts as a new, unknown step)."""
-        size = batch = None
-        if isinstance(x, torch.Tensor) and x.dim() in (3, 4):  # (B, C, H, W): H x W; (B, tokens, width): both
-            size, batch = (int(x.shape[-2]), int(x.shape[-1])), int(x.shape[0])
+        size = batch = shape = None
+        if isinstance(x, torch.Tensor) and x.dim() in (3, 4, 5):  # (B, C, [T,] H, W): H x W; (B, tokens, width): both
+            size, batch, shape = (int(x.shape[-2]), int(x.shape[-1])), int(x.shape[0]), tuple(x.shape[1:])
         reported = self.progress is not None
         time = _first_timestep(timesteps)
         if reported:
@@ -129,6 +130,6 @@ class StepClock:
         steps = self.steps if reported else None
         chunk = _chunk(kwargs)
         self.call = Call(
-            size, batch, progress, key, self._step, self._index, restarted, steps, chunk, time, self._step_time
+            size, batch, progress, key, self._step, self._index, restarted, steps, chunk, time, self._step_time, shape
         )
         return self.call

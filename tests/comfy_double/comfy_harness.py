@@ -23,20 +23,24 @@ from bfl_flux_double import Flux as BflFluxDouble
 from comfy import model_management
 from comfy.controlnet import ControlNet
 from comfy.ldm import controlnet_from_ldm, unet_from_ldm
-from comfy.model_base import BaseModel, Flux
+from comfy.model_base import WAN21, BaseModel, Flux
 from comfy.model_patcher import ModelPatcher
 from forge_double.backend import FluxLikeModel
+from wan_double import WanModel as WanDouble
 
 
 @functools.cache
 def base_model(kind: str) -> BaseModel:
     """``sd15``, ``sdxl`` (the tiny ldm UNets of seed 0 in ComfyUI's layout), ``sd15b`` (seed 1: another checkpoint, the
     refiner), ``flux`` (a model without UNet transformer blocks: no family knows it) or ``flux1`` (FLUX in Black Forest
-    Labs' layout, ``tests/bfl_flux_double.py``, on the flow-matching schedule)."""
+    Labs' layout, ``tests/bfl_flux_double.py``, on the flow-matching schedule), ``wan`` / ``wan_low`` (Wan,
+    ``tests/wan_double.py``, on the discrete-flow schedule: two checkpoints, as Wan 2.2's two experts)."""
     if kind == "flux":
         return BaseModel(FluxLikeModel(context_dim=nodes.CONTEXT[1]))
     if kind == "flux1":
         return Flux(BflFluxDouble(context_dim=nodes.CONTEXT[1]).requires_grad_(False))
+    if kind in ("wan", "wan_low"):  # Wan 2.2's two experts: the high-noise and the low-noise model
+        return WAN21(WanDouble(in_dim=16, text_dim=nodes.CONTEXT[1], seed=int(kind == "wan_low")).requires_grad_(False))
     make = tiny_models.make_tiny_sdxl_unet if kind == "sdxl" else tiny_models.make_tiny_sd15_unet
     return BaseModel(unet_from_ldm(make(1 if kind == "sd15b" else 0)))
 
@@ -51,7 +55,7 @@ def start(*custom_nodes: str) -> None:
     nodes.init_builtin_nodes()
     model_management.unload_all_models()
     model_management.interrupt_current_processing(False)
-    for kind in ("sd15", "sd15b", "sdxl", "flux", "flux1"):
+    for kind in ("sd15", "sd15b", "sdxl", "flux", "flux1", "wan", "wan_low"):
         nodes.CHECKPOINTS[kind] = lambda kind=kind: ModelPatcher(base_model(kind))
     nodes.CONTROLNETS["control"] = ControlNet(control_model())
     unet = base_model("sd15").diffusion_model
@@ -85,6 +89,7 @@ def txt2img(
     control_image: torch.Tensor | None = None,
     latent: torch.Tensor | None = None,
     sampler_id: str = "5",
+    length: int | None = None,
 ) -> dict:
     """CheckpointLoaderSimple -> CLIPTextEncode x2 (-> ControlNetApplyAdvanced) -> (EmptyLatentImage) -> KSampler, with
     ``patches`` ((class_type, inputs) MODEL -> MODEL nodes, ids "10", "11", ...) between the checkpoint and the sampler.
@@ -95,6 +100,11 @@ def txt2img(
         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "blurry", "clip": ["1", 1]}},
         "4": {"class_type": "EmptyLatentImage", "inputs": {"width": width, "height": height, "batch_size": batch_size}},
     }
+    if length is not None:  # a video latent
+        wf["4"] = {
+            "class_type": "EmptyHunyuanLatentVideo",
+            "inputs": {"width": width, "height": height, "length": length, "batch_size": batch_size},
+        }
     positive, negative = ["2", 0], ["3", 0]
     if control_image is not None:
         wf["8"] = {"class_type": "ControlNetLoader", "inputs": {"control_net_name": "control"}}

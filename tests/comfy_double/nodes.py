@@ -66,6 +66,28 @@ class CLIPTextEncode:
         return ([[clip.encode(text), {}]],)
 
 
+class EmptyHunyuanLatentVideo:
+    """``comfy_extras/nodes_hunyuan.py:40-60``: the video latent Wan samples, 16 channels, ``(length - 1) // 4 + 1``
+    frames."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "width": ("INT", {"default": 848, "min": 16, "max": 16384, "step": 16}),
+                "height": ("INT", {"default": 480, "min": 16, "max": 16384, "step": 16}),
+                "length": ("INT", {"default": 25, "min": 1, "max": 16384, "step": 4}),
+                "batch_size": ("INT", {"default": 1, "min": 1, "max": 4096}),
+            }
+        }
+
+    RETURN_TYPES = ("LATENT",)
+    FUNCTION = "generate"
+
+    def generate(self, width, height, length, batch_size=1):
+        return ({"samples": torch.zeros([batch_size, 16, (length - 1) // 4 + 1, height // 8, width // 8])},)
+
+
 class EmptyLatentImage:
     @classmethod
     def INPUT_TYPES(cls):
@@ -280,6 +302,7 @@ BUILTIN = (
     CheckpointLoaderSimple,
     CLIPTextEncode,
     EmptyLatentImage,
+    EmptyHunyuanLatentVideo,
     KSampler,
     KSamplerAdvanced,
     ControlNetLoader,

@@ -10,9 +10,10 @@ everything else is ``forge_double.backend``).
   list and the names of its blocks' layers (``backend/nn/*.py``, below). For these ToMe reads nothing but that module
   tree (it looks for blocks laid out as ``norm1, attn1, attn2, ff`` and for ``input_blocks`` / ``middle_block`` /
   ``output_blocks``, which none of them has); their forward is a few convolutions and linear layers through those
-  named layers, not the real model's math. FLUX and Chroma (``nn/flux.py``, ``nn/chroma.py``), whose blocks the step
-  cache knows, are ComfyUI's loop (Neo ported it): ``tests/bfl_flux_double.py``, without ComfyUI's wrappers. Neo runs
-  them on the flow-matching predictor; the double keeps Forge's discrete one (the timesteps they get are 0–999).
+  named layers, not the real model's math. FLUX, Chroma and Wan (``nn/flux.py``, ``nn/chroma.py``, ``nn/wan.py``),
+  whose blocks the step cache knows, are ComfyUI's loops (Neo ported them): ``tests/bfl_flux_double.py`` and
+  ``tests/wan_double.py``, without ComfyUI's wrappers; Wan on one frame (the double's processing makes image latents).
+  Neo runs them on flow-matching predictors; the double keeps Forge's discrete one (their timesteps are 0–999).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from bfl_flux_double import Flux as BflFlux
 from forge_double import backend as forge
 from modules.shared import opts
 from torch import nn
+from wan_double import WanModel as WanDouble
 
 
 def _tome_functions(x: torch.Tensor, ratio: float, original_shape):
@@ -128,10 +130,13 @@ class IntegratedChromaTransformer2DModel(BflFlux):  # nn/chroma.py:87: flux's bl
     WRAPPERS = False
 
 
-class WanModel(DiTDouble):  # nn/wan.py:266, WanAttentionBlock l.155
-    BLOCKS: ClassVar[dict[str, type[_Block]]] = {
-        "blocks": _blocks("WanAttentionBlock", ("norm1", "self_attn", "norm3", "cross_attn", "norm2", "ffn"))
-    }
+class WanModel(WanDouble):  # nn/wan.py:266: ComfyUI's loop, no wrappers
+    """Neo samples Wan on video latents ``(B, C, T, H, W)``; the double's processing makes image latents: one frame."""
+
+    WRAPPERS = False
+
+    def forward(self, x, timestep, context, **kwargs):
+        return super().forward(x.unsqueeze(2), timestep, context, **kwargs).squeeze(2)
 
 
 class QwenImageTransformer2DModel(DiTDouble):  # nn/qwen.py:335, QwenImageTransformerBlock l.246

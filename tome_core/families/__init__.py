@@ -1,7 +1,7 @@
 """Model families: how the step cache finds, in one model, the blocks a cached step skips and where their result
 enters again (:class:`~tome_core.families.base.Layout`). The cache speaks of blocks; a family is an adapter that
 knows one model's layout: the ldm/sgm/Forge/ComfyUI UNets (:mod:`.unet`), diffusers' FLUX transformer (:mod:`.flux`)
-and FLUX/Chroma as ComfyUI and Forge Neo run them (:mod:`.bfl`)."""
+FLUX/Chroma (:mod:`.bfl`) and Wan (:mod:`.wan`) as ComfyUI and Forge Neo run them."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from .base import Layout
 from .bfl import BflFlux
 from .flux import DiffusersFlux
 from .unet import UNetLayout
+from .wan import ComfyWan
 
-FAMILIES: tuple[type[Layout], ...] = (UNetLayout, DiffusersFlux, BflFlux)
+FAMILIES: tuple[type[Layout], ...] = (UNetLayout, DiffusersFlux, BflFlux, ComfyWan)
 
 
 def layout_for(root: nn.Module, branch: int) -> Layout | None:
@@ -25,4 +26,4 @@ def layout_for(root: nn.Module, branch: int) -> Layout | None:
     return None
 
 
-__all__ = ["FAMILIES", "BflFlux", "DiffusersFlux", "Layout", "UNetLayout", "layout_for"]
+__all__ = ["FAMILIES", "BflFlux", "ComfyWan", "DiffusersFlux", "Layout", "UNetLayout", "layout_for"]

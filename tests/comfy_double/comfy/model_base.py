@@ -12,6 +12,8 @@
 - ``Flux`` (model_base.py:837) with ``ModelSamplingFlux`` + ``CONST`` (model_sampling.py:62-76, 340-377): rectified
   flow, the sigma (0–1, shifted by ``flux_time_shift(1.15, 1, t)``) passed as the timestep, the input unscaled,
   ``denoised = x - out * sigma``; the pooled text embedding as ``y``.
+- ``WAN21`` (model_base.py, ``supported_models.WAN21_T2V`` shift 8) with ``ModelSamplingDiscreteFlow`` + ``CONST``
+  (model_sampling.py:244-284): ``sigma = time_snr_shift(8, t / 1000)``, the timestep is ``sigma * 1000``.
 """
 
 from __future__ import annotations
@@ -124,6 +126,28 @@ class ModelSamplingFlux(nn.Module):
         return latent / (1.0 - self._shape(sigma.reshape(-1)[:1].expand(latent.shape[0]), latent.ndim))
 
 
+class ModelSamplingDiscreteFlow(ModelSamplingFlux):
+    def __init__(self, shift: float = 8.0, multiplier: float = 1000.0):
+        self.multiplier = multiplier
+        nn.Module.__init__(self)
+        self.shift = shift
+        self.register_buffer("sigmas", self.sigma(torch.arange(1, 1001) / 1000 * multiplier), persistent=False)
+
+    def timestep(self, sigma):
+        return sigma * self.multiplier
+
+    def sigma(self, timestep):
+        t = timestep / self.multiplier
+        return self.shift * t / (1 + (self.shift - 1) * t)
+
+    def percent_to_sigma(self, percent):
+        if percent <= 0.0:
+            return 1.0
+        if percent >= 1.0:
+            return 0.0
+        return self.shift * (1.0 - percent) / (1 + (self.shift - 1) * (1.0 - percent))
+
+
 class BaseModel(nn.Module):
     def __init__(self, diffusion_model: nn.Module, adm_channels: int = 0):
         super().__init__()
@@ -170,3 +194,11 @@ class Flux(BaseModel):
     def __init__(self, diffusion_model: nn.Module):
         super().__init__(diffusion_model, adm_channels=diffusion_model.vec_in_dim)
         self.model_sampling = ModelSamplingFlux()
+
+
+class WAN21(BaseModel):
+    """Wan 2.1 text-to-video (``model_base.WAN21``): the discrete-flow schedule, shift 8."""
+
+    def __init__(self, diffusion_model: nn.Module):
+        super().__init__(diffusion_model)
+        self.model_sampling = ModelSamplingDiscreteFlow()

@@ -1,0 +1,113 @@
+"""The step cache on Wan as ComfyUI and Forge Neo run it (issue 26): ``tome_core.families.wan`` on the double
+``tests/wan_double.py`` (one list of blocks, cross-attention, CFG as cond/uncond streams, video latents)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from wan_double import WanModel
+
+import tome_core
+from tome_core.families import ComfyWan, layout_for
+from tome_core.settings import SettingsError, ToMeSettings
+
+OFF = ToMeSettings(ratio=0.0, cache=True, cache_interval=2, cache_forecast="off", cache_schedule="uniform")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return WanModel(seed=3).eval().requires_grad_(False)
+
+
+def _calls(sigmas=(0.9, 0.8, 0.7, 0.6), frames=3, batch=2):
+    gen = torch.Generator().manual_seed(1)
+    x, context = torch.randn(batch, 4, frames, 8, 8, generator=gen), torch.randn(batch, 5, 32, generator=gen)
+    return [
+        {"x": x + 0.1 * i, "timestep": torch.full((batch,), 1000 * s), "context": context} for i, s in enumerate(sigmas)
+    ]
+
+
+def _run(model, calls, patch=None, options=None, chunks=None):
+    outs = []
+    with torch.no_grad():
+        for i, kwargs in enumerate(calls):
+            if patch is not None:
+                patch.set_progress(i / len(calls), len(calls))
+            for chunk in chunks or [None]:
+                opts = dict(options or {}, **({"cond_or_uncond": chunk} if chunk is not None else {}))
+                context = kwargs["context"] * (0.0 if chunk == [1] else 1.0)  # the uncond: another text
+                outs.append(model(kwargs["x"], kwargs["timestep"], context, transformer_options=opts))
+    return outs
+
+
+def _cached(model, calls, settings=OFF, **kw):
+    patch = tome_core.apply_settings(model, settings)
+    try:
+        outs = _run(model, calls, patch, **kw)
+        report = patch.report()
+    finally:
+        tome_core.remove_patch(model)
+    return outs, report
+
+
+def test_the_family_is_found_by_its_blocks_and_names_its_branch_bound(model):
+    layout = layout_for(model, 0)
+    assert isinstance(layout, ComfyWan) and layout.start is model.blocks[0] and layout.entry is model.head
+    assert layout.skipped == list(model.blocks[1:]) and len(layout_for(model, 2).skipped) == 1
+    with pytest.raises(SettingsError, match=r"cache_branch.*from 0 to 2 for this model"):
+        layout_for(model, 3)
+
+
+def test_the_cache_acts_and_leaves_the_model_bit_identical(model):
+    calls = _calls((0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6))
+    plain = _run(model, calls)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    settings = ToMeSettings(ratio=0.0, cache=True, cache_interval=3, cache_schedule="uniform")
+    cached, report = _cached(model, calls, settings)
+    assert [p.to_dict() for p in report.cache.passes] == [{"full": 3, "cached": 4, "skipped": 0}]
+    assert report.notes == ()
+    assert torch.equal(cached[0], plain[0]) and not torch.equal(cached[1], plain[1])
+    assert (cached[1] - plain[1]).abs().max() < 0.1 * plain[1].abs().max()
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(a, b) for a, b in zip(_run(model, calls), plain))
+
+
+def test_a_cached_step_gives_the_head_what_left_its_probe_plus_the_full_steps_residual(model):
+    seen: dict[str, list] = {"left": [], "head": []}
+    handles = [
+        model.blocks[1].register_forward_pre_hook(lambda m, a: seen["left"].append(a[0].clone())),
+        model.head.register_forward_pre_hook(lambda m, a: seen["head"].append(a)),
+    ]
+    try:
+        _run(model, _calls()[:2])
+    finally:
+        for h in handles:
+            h.remove()
+    (head0, _), (_, e1) = seen["head"]
+    with torch.no_grad():
+        tokens = model.head(seen["left"][1] + (head0 - seen["left"][0]), e1)
+    outs, report = _cached(model, _calls())
+    assert report.cache.cached == 1
+    expected = torch.einsum("bfhwpqrc->bcfphqwr", tokens.view(2, 3, 4, 4, 1, 2, 2, 4)).reshape(2, 4, 3, 8, 8)
+    torch.testing.assert_close(outs[1], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_cond_and_uncond_called_apart_are_streams_of_their_own(model):
+    """ComfyUI batches cond and uncond where memory allows, else calls them apart (``cond_or_uncond`` [0] then [1]):
+    each keeps its own cache, so the cached image is the batched one's."""
+    calls = _calls(batch=1)
+    apart, report = _cached(model, calls, chunks=[[0], [1]])
+    assert [p.to_dict() for p in report.cache.passes] == [{"full": 3, "cached": 1, "skipped": 0}]
+    alone, _ = _cached(model, calls, chunks=[[0]])
+    assert torch.equal(apart[2], alone[1])  # step 1's cond call: its stream's forecast, not the uncond's
+    assert not torch.equal(apart[2], apart[3])
+
+
+def test_another_video_length_gets_a_fresh_cache(model):
+    calls = _calls()
+    longer = _calls(frames=5)
+    mixed = [calls[0], longer[1], calls[2], calls[3]]  # step 1 is another length: no cache fits it
+    outs, report = _cached(model, mixed)
+    assert report.cache.cached == 0
+    assert torch.equal(outs[1], _run(model, [longer[1]])[0])
