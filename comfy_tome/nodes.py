@@ -31,13 +31,15 @@ class ToMe:
 
 
 class ToMeStepCache:
-    """``ToMeStepCache``: the step cache (DeepCache) on the UNet's blocks for this model's samplings."""
+    """``ToMeStepCache``: the step cache (DeepCache) on the model's blocks (a UNet's or a diffusion transformer's) for
+    this model's samplings."""
 
     DESCRIPTION = (
-        "Step cache (DeepCache): every cache_interval-th step runs the whole UNet, the steps between run only the "
-        "shallowest skip branch and take the deep features forecast from the last two full steps (cache_forecast "
-        "linear; off reuses the last one, as DeepCache does). Cached steps still follow the ControlNet image. With "
-        "ToMe before it, both work together."
+        "Step cache (DeepCache): every cache_interval-th step runs the whole model, the steps between run only the "
+        "shallowest skip branch of a UNet (SD1, SD2, SDXL) or the first block of a diffusion transformer (FLUX, "
+        "Chroma, Wan) and take the rest's result forecast from the last two full steps (cache_forecast auto: "
+        "calibrated on UNets, linear on transformers; off reuses the last one, as DeepCache does). Cached steps "
+        "still follow the ControlNet image. With ToMe before it, both work together (ToMe merges in UNets only)."
     )
     CATEGORY = CATEGORY
     RETURN_TYPES = ("MODEL",)

@@ -155,3 +155,19 @@ def test_blocks_called_through_another_nodes_dit_replacement_are_still_skipped(m
     assert report.cache.cached == 1 and len(replaced) == 8 + 8 and len(computed) == 3  # not at the cached step
     ours, _ = _cached(model, _calls())
     assert torch.equal(outs[1], ours[1]) and torch.equal(outs[0], plain[0])
+
+
+def test_auto_is_the_linear_forecast_on_the_uniform_schedule_on_flux_and_calibrated_time_on_a_unet(model, sd15_unet):
+    from tome_core.cache import StepCache
+
+    settings = ToMeSettings(ratio=0.0, cache=True)
+    assert (settings.cache_forecast, settings.cache_schedule) == ("auto", "auto")
+    flux = StepCache(model, settings).settings
+    unet = StepCache(sd15_unet, settings).settings
+    assert (flux.cache_forecast, flux.cache_schedule) == ("linear", "uniform")
+    assert (unet.cache_forecast, unet.cache_schedule) == ("calibrated", "time")
+    chosen = StepCache(model, settings.replace(cache_forecast="calibrated", cache_schedule="time")).settings
+    assert (chosen.cache_forecast, chosen.cache_schedule) == ("calibrated", "time")  # a choice is kept
+    auto, _ = _cached(model, _calls(), settings)
+    explicit, _ = _cached(model, _calls(), settings.replace(cache_forecast="linear", cache_schedule="uniform"))
+    assert all(torch.equal(a, b) for a, b in zip(auto, explicit))

@@ -94,7 +94,7 @@ def test_one_full_step_known_every_forecast_is_the_last_features():
 
 
 def _plan(settings: tome_core.ToMeSettings, times: list[float], report_steps: bool = True) -> str:
-    refresh, last_full, out = Refresh(settings), 0, ""
+    refresh, last_full, out = Refresh(settings.resolved("calibrated", "time")), 0, ""
     steps = len(times)
     for i, t in enumerate(times):
         step_count = steps if report_steps else None

@@ -79,7 +79,7 @@ def test_the_adaptive_schedule_keeps_the_guard_rails_for_any_threshold(threshold
     steps = 20
     gen = torch.Generator().manual_seed(int(threshold * 1000) + interval)
     x = torch.randn(1, 4, 16, 16, generator=gen)
-    refresh, last_full, cached = Refresh(settings), 0, []
+    refresh, last_full, cached = Refresh(settings.resolved("calibrated", "time")), 0, []
     for i in range(steps):
         x = x * 0.9 + 0.1 * torch.randn(x.shape, generator=gen)  # a wandering trajectory
         ok = refresh.may_cache(i, i / steps, i == steps - 1, i - last_full, x, torch.tensor(999.0 - 50 * i))
@@ -101,7 +101,7 @@ def _adaptive_plan(threshold: float, bend: bool) -> str:
         cache=True, cache_interval=8, cache_schedule="adaptive", cache_threshold=threshold
     )
     a, b = _feature(4)
-    refresh, last_full, out = Refresh(settings), 0, ""
+    refresh, last_full, out = Refresh(settings.resolved("calibrated", "time")), 0, ""
     for i in range(16):
         t = 999.0 - 60 * i
         x = a + b * (t / 1000) + (torch.sin(torch.tensor(i / 2.0)) * a if bend else 0)  # straight, or bending

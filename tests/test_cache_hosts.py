@@ -216,7 +216,7 @@ def test_xyz_cells_take_their_own_forecast_and_schedule(webui, sd_model):
         cells += [xyz.run_cell(p, options["[ToMe] Cache threshold"], "0")]
     finally:
         spy.close()
-    assert [s.cache_forecast for s in spy.calls] == ["off"] * 4 + ["linear"] * 4 + ["calibrated"] * 4
+    assert [s.cache_forecast for s in spy.calls] == ["off"] * 4 + ["linear"] * 4 + ["auto"] * 4
     assert [c.infotexts[0].count("ToMe cache forecast: off") for c in cells] == [1, 0, 0]
     assert all('ToMe cache steps: "2 full, 2 cached"' in c.infotexts[0] for c in cells)  # threshold: uniform ignores it
     assert not hasattr(p, ext.OVERRIDES_ATTR)

@@ -131,7 +131,7 @@ def test_chaining_both_nodes_gives_merging_and_the_cache_as_cache_true_does(orde
     assert torch.equal(both, expected) and [c for *_, c in calls.seen] == uniform_plan(settings, 4)
     assert console()[-1] == (
         "ToMe: True, ToMe ratio: 0.4, ToMe seed: 1, ToMe cache: True, ToMe cache interval: 2, "
-        "ToMe cache forecast: calibrated, ToMe cache schedule: time, ToMe cache steps: 3 full, 1 cached"
+        "ToMe cache forecast: auto, ToMe cache schedule: auto, ToMe cache steps: 3 full, 1 cached"
     )
 
 
@@ -257,7 +257,7 @@ def test_a_model_without_unet_blocks_samples_as_it_is_and_says_so(console):
     assert torch.equal(sample([("ToMe", {}), ("ToMeStepCache", {})], kind="flux"), plain)
     assert console()[-1] == (
         f"{ext.NOTE_KEY}: nothing merged (FluxLikeModel has no UNet transformer blocks); "
-        "step cache off: the cache knows the blocks of UNets, FLUX and Chroma, not of this model"
+        "step cache off: the cache knows the blocks of UNets, FLUX, Chroma and Wan, not of this model"
     )
 
 

@@ -442,7 +442,7 @@ def test_sdxl_generation_merges_with_default_settings():
 
 def test_with_the_cache_on_the_infotext_always_says_its_forecast_and_schedule():
     on = ext.infotext(S.ToMeSettings(enabled=True, cache=True), None)
-    assert on["ToMe cache forecast"] == "calibrated" and on["ToMe cache schedule"] == "time"
+    assert on["ToMe cache forecast"] == "auto" and on["ToMe cache schedule"] == "auto"
     off = ext.infotext(S.ToMeSettings(enabled=True), None)
     assert "ToMe cache forecast" not in off and "ToMe cache schedule" not in off
 
@@ -458,7 +458,7 @@ def test_with_the_cache_on_the_infotext_always_says_its_forecast_and_schedule():
             "off",
             "time",
         ),
-        ({"ToMe": "True"}, "calibrated", "time"),  # no cache: the defaults
+        ({"ToMe": "True"}, "auto", "auto"),  # no cache: the defaults
     ],
 )
 def test_an_older_infotext_with_the_cache_pastes_the_forecast_and_schedule_it_ran(pasted, forecast, schedule):

@@ -96,7 +96,7 @@ def test_a_model_family_without_the_unet_runs_unmerged_with_notes_and_sd15_merge
     res, (spy,) = generate(txt, tome_args(txt, ratio=0.5, cache=True), [model], steps=2)
     notes = res.js()
     assert f"nothing merged ({family} has no UNet transformer blocks)" in res.infotexts[0]
-    assert "step cache off: the cache knows the blocks of UNets, FLUX and Chroma, not of this model" in notes
+    assert "step cache off: the cache knows the blocks of UNets, FLUX, Chroma and Wan, not of this model" in notes
     assert ext.ERROR_KEY not in notes and not errors.reported  # no error, no traceback
     assert identical(spy.outputs, plain_spy.outputs) and identical(pixels(res), pixels(plain))
     assert untouched(model)

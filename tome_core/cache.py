@@ -140,8 +140,8 @@ class StepCache:
 
     def __init__(self, root: nn.Module, settings: ToMeSettings):
         self.root = root
-        self.settings = settings
         self.layout: Layout | None = layout_for(root, settings.cache_branch)  # SettingsError for a branch it lacks
+        self.settings = settings.resolved(*(self.layout or Layout).auto)  # what ``auto`` means on this model
         self.skipping = False  # the pass through the blocks running now is a cached one
         self._cached_call = False  # the call running now is a cached one
         self._stream: _Stream | None = None  # the stream of the call running now
@@ -157,11 +157,11 @@ class StepCache:
         self._full = self._cached = 0
         self._notes: list[str] = []
         self._warned: set[str] = set()
-        self._timed = settings.cache_schedule == "time"
+        self._timed = self.settings.cache_schedule == "time"
         self._two_times = False  # this pass's steps call the UNet at two times (the time schedule stands down)
         if self.layout is None:
             self._notes.append(
-                "step cache off: the cache knows the blocks of UNets, FLUX and Chroma, not of this model"
+                "step cache off: the cache knows the blocks of UNets, FLUX, Chroma and Wan, not of this model"
             )
 
     @property

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .settings import FORECAST_CHOICES
+from .settings import AUTO, FORECAST_CHOICES
 
 Time = torch.Tensor | float | None
 """A call's sampler time: its timestep (a 0-d tensor on the UNet's device, or a number); None when unknown."""
@@ -41,8 +41,8 @@ class Track:
     """One stream's deep features over its full steps, and their forecast at a cached step (see the module)."""
 
     def __init__(self, forecast: str) -> None:
-        if forecast not in FORECAST_CHOICES:
-            raise ValueError(f"forecast {forecast!r}: one of {FORECAST_CHOICES}")
+        if forecast not in FORECAST_CHOICES or forecast == AUTO:
+            raise ValueError(f"forecast {forecast!r}: one of {FORECAST_CHOICES} but {AUTO!r} (a family resolves it)")
         self.forecast = forecast
         self.time: torch.Tensor | None = None  # the last full step's time (0-d, float32, on the features' device)
         self.deep: torch.Tensor | None = None  # its deep features

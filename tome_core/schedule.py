@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from .forecast import Time, Track
-from .settings import ToMeSettings
+from .settings import AUTO, ToMeSettings
 
 SUBSAMPLE = 4
 """The signal's stride per side over the latent (1/16 of its pixels)."""
@@ -64,6 +64,8 @@ class Refresh:
     """One stream's schedule: whether its next call may be cached (see the module)."""
 
     def __init__(self, settings: ToMeSettings) -> None:
+        if AUTO in (settings.cache_schedule, settings.cache_forecast):
+            raise ValueError(f"cache schedule and forecast {AUTO!r}: a model family resolves them first")
         self.settings = settings
         self.adaptive = settings.cache_schedule == "adaptive"
         self.timed = settings.cache_schedule == "time"

@@ -15,8 +15,11 @@ from typing import Any, Literal
 MaxDownsample = int | Literal["auto"]
 DOWNSAMPLE_CHOICES: tuple[str, ...] = ("1", "2", "4", "8", "auto")
 METHOD_CHOICES: tuple[str, ...] = ("merge", "downsample")
-FORECAST_CHOICES: tuple[str, ...] = ("off", "linear", "calibrated")
-SCHEDULE_CHOICES: tuple[str, ...] = ("uniform", "adaptive", "time")
+FORECAST_CHOICES: tuple[str, ...] = ("off", "linear", "calibrated", "auto")
+SCHEDULE_CHOICES: tuple[str, ...] = ("uniform", "adaptive", "time", "auto")
+AUTO = "auto"
+"""The value of ``cache_forecast`` / ``cache_schedule`` that the model's family resolves (:meth:`ToMeSettings.resolved`):
+the one measured best on its kind of model."""
 
 
 class SettingsError(ValueError):
@@ -260,7 +263,7 @@ class ToMeSettings:
         kind="bool",
         label="Step cache (DeepCache)",
         infotext="ToMe cache",
-        hint="Reuse the UNet's deep features between steps (DeepCache): every N-th step runs in full, the steps between run only the shallowest skip branch. Stacks with token merging; with ratio 0 it runs alone. Under Euler a and the SDE samplers (fresh noise every step) any step cache changes the image much more: use interval 2 there, or leave it off.",
+        hint="Reuse the UNet's deep features between steps (DeepCache): every N-th step runs in full, the steps between run only the shallowest skip branch (on FLUX, Chroma and Wan: the first block, and the later blocks' residual is forecast). Stacks with token merging; with ratio 0 it runs alone. Under Euler a and the SDE samplers (fresh noise every step) any step cache changes the image much more: use interval 2 there, or leave it off.",
         axis="Step cache",
     )
     cache_interval: int = _spec(
@@ -282,7 +285,7 @@ class ToMeSettings:
         minimum=0,
         maximum=11,
         step=1,
-        hint="The skip branch that keeps running on cached steps: 0 (the default) is the shallowest and fastest; deeper branches run more of the UNet (more faithful, slower). SD1/SD2 have 12 branches, SDXL 9.",
+        hint="The skip branch that keeps running on cached steps: 0 (the default) is the shallowest and fastest; deeper branches run more of the UNet (more faithful, slower). SD1/SD2 have 12 branches, SDXL 9. On a diffusion transformer it is the number of blocks a cached step still runs, minus one (FLUX and Chroma: of the double-stream blocks).",
     )
     cache_start: float = _spec(
         0.0,
@@ -318,20 +321,20 @@ class ToMeSettings:
         axis="Hires. fix cache interval (0 = same)",
     )
     cache_forecast: str = _spec(
-        "calibrated",
+        AUTO,
         kind="choice",
         label="Cache forecast",
         infotext="ToMe cache forecast",
         choices=FORECAST_CHOICES,
-        hint="What cached steps use for the deep features. calibrated (the default): their extrapolation from the last two full steps, to the place on that line the live shallow features say (more faithful than DeepCache at the same speed, also under Euler a and the SDE samplers). linear: the same line, placed by the sampler's time (loses to DeepCache under Euler a and the SDE samplers). off: the last full step's, unchanged (DeepCache).",
+        hint="What cached steps use for the deep features. auto (the default): calibrated on UNets (SD1, SD2, SDXL), linear on diffusion transformers (FLUX, Chroma, Wan), each the one measured best there. calibrated: their extrapolation from the last two full steps, to the place on that line the live shallow features say (more faithful than DeepCache at the same speed, also under Euler a and the SDE samplers). linear: the same line, placed by the sampler's time (loses to DeepCache under Euler a and the SDE samplers). off: the last full step's, unchanged (DeepCache).",
     )
     cache_schedule: str = _spec(
-        "time",
+        AUTO,
         kind="choice",
         label="Cache schedule",
         infotext="ToMe cache schedule",
         choices=SCHEDULE_CHOICES,
-        hint="time (the default): full steps spread evenly in the sampler's time, on average one every cache interval (the same as uniform on Euler's, DDIM's and UniPC's spacing; under the Karras and exponential schedules of DPM++ they go where the image forms). uniform: a full step every cache interval (DeepCache). adaptive: also a full step as soon as the UNet's input strays from its forecast by more than the cache threshold; the cache interval is then the longest run without one.",
+        hint="auto (the default): time on UNets, uniform on diffusion transformers (their flow-matching schedules bunch the time where the image forms least). time: full steps spread evenly in the sampler's time, on average one every cache interval (the same as uniform on Euler's, DDIM's and UniPC's spacing; under the Karras and exponential schedules of DPM++ they go where the image forms). uniform: a full step every cache interval (DeepCache). adaptive: also a full step as soon as the UNet's input strays from its forecast by more than the cache threshold; the cache interval is then the longest run without one.",
     )
     cache_threshold: float = _spec(
         0.08,
@@ -384,6 +387,13 @@ class ToMeSettings:
     def replace(self, **changes: Any) -> ToMeSettings:
         """A validated copy with some fields changed."""
         return from_dict({**to_dict(self), **changes})
+
+    def resolved(self, forecast: str, schedule: str) -> ToMeSettings:
+        """These settings with ``auto`` in ``cache_forecast`` / ``cache_schedule`` resolved to a model family's choice."""
+        return self.replace(
+            cache_forecast=forecast if self.cache_forecast == AUTO else self.cache_forecast,
+            cache_schedule=schedule if self.cache_schedule == AUTO else self.cache_schedule,
+        )
 
 
 def ratio_cap(sx: int, sy: int) -> float:

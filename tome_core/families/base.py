@@ -15,7 +15,7 @@ and how a call of the whole model is placed in the sampling (:meth:`Layout.place
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -27,6 +27,8 @@ class Layout:
     start: nn.Module
     entry: nn.Module
     skipped: list[nn.Module]
+    auto: ClassVar[tuple[str, str]] = ("calibrated", "time")
+    """What ``auto`` means on this family: the forecast and the schedule measured best on it (the UNets')."""
 
     @classmethod
     def find(cls, root: nn.Module, branch: int) -> Layout | None:

@@ -26,6 +26,10 @@ from .base import Layout
 class ResidualLayout(Layout):
     """A transformer family for the step cache (see the module); a subclass reads its host's calls."""
 
+    auto = ("linear", "uniform")
+    """On the trained FLUX-layout model (``benchmarks.dit_fidelity``) the linear forecast on the uniform schedule beat
+    the UNets' calibrated forecast on the time schedule at every matched speed (by 1.2–2.2 dB)."""
+
     def __init__(self, root: nn.Module, start: nn.Module, skipped: list[nn.Module], entry: nn.Module):
         self.root, self.start, self.skipped, self.entry = root, start, skipped, entry
         self._left: torch.Tensor | None = None  # a copy of the stream as it left the probe, in the pass running now
