@@ -23,6 +23,7 @@ import tome_core
 from tome_core import extension as ext
 from tome_core import settings as S
 from tome_core.patch import transformer_blocks
+from tome_core.schedule import uniform_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -451,6 +452,18 @@ def test_model_without_transformer_blocks_runs_unmerged_with_a_note(start, build
     assert "no UNet transformer blocks" in res.infotexts[0]
     assert "no UNet transformer blocks" in res.js() and ext.ERROR_KEY not in res.js()
     assert identical(spy.outputs, off_spy.outputs)
+    assert no_hooks_anywhere(flux)
+
+
+def test_the_step_cache_acts_on_forges_flux_and_the_plain_image_follows(start, builders):
+    flux = unet_of(builders["flux"])
+    txt, _ = start(checkpoint="flux")
+    _plain, (plain_spy,) = generate(txt, None, [flux], steps=6)
+    res, (spy,) = generate(txt, tome_args(txt, ratio=0.0, cache=True), [flux], steps=6)
+    _after, (after_spy,) = generate(txt, None, [flux], steps=6)
+    assert 'ToMe cache steps: "3 full, 3 cached"' in res.infotexts[0] and ext.NOTE_KEY not in res.js()
+    assert spy.cached == uniform_plan(S.ToMeSettings(cache=True), 6)  # auto: the uniform schedule on a transformer
+    assert not identical(spy.outputs, plain_spy.outputs) and identical(after_spy.outputs, plain_spy.outputs)
     assert no_hooks_anywhere(flux)
 
 

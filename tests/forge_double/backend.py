@@ -35,6 +35,7 @@ from typing import Any
 
 import tomesd.merge
 import torch
+from bfl_flux_double import Flux as BflFlux
 from tiny_models import CheckpointInfoDouble, TinySdModel
 from torch import nn
 
@@ -647,7 +648,7 @@ class StableDiffusionXL(ForgeDiffusionEngine):
 
 
 class FluxLikeModel(nn.Module):
-    """A diffusion model with no UNet transformer blocks (Flux/SD3/Chroma use other block types)."""
+    """A diffusion model with no UNet transformer blocks and no block layout the step cache knows (as SD3, Qwen-Image)."""
 
     def __init__(self, channels: int = 4, context_dim: int = 32, seed: int = 0):
         super().__init__()
@@ -661,9 +662,17 @@ class FluxLikeModel(nn.Module):
         return self.out(torch.tanh(h) * (1 + timestep[:, None, None, None] / 1000))
 
 
+class IntegratedFluxTransformer2DModel(BflFlux):
+    """Forge's FLUX (``backend/nn/flux.py:325-420``, ``inner_forward``): the loop of ComfyUI's without ControlNet
+    residuals, ``patches_replace`` or wrappers; its blocks add out of place (``img = img + ...``), which changes
+    nothing for the cache."""
+
+    WRAPPERS = False
+
+
 class Flux(ForgeDiffusionEngine):
     def __init__(self, diffusion_model: nn.Module | None = None, name: str = "forge-flux"):
-        super().__init__(diffusion_model or FluxLikeModel(), name)
+        super().__init__(diffusion_model or IntegratedFluxTransformer2DModel(), name)
 
 
 CONTROL_MODELS: dict[str, ControlBase] = {}

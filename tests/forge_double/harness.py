@@ -110,9 +110,10 @@ def make_img2img(runner=None, script_args=None, **kwargs):
 def engine_builder(kind: str, seed: int = 0, name: str | None = None) -> Callable[[], backend.ForgeDiffusionEngine]:
     """A checkpoint: every load is a fresh engine around the same Forge-layout UNet (built once, from the tiny
     ldm UNet of that seed: the weights the tests already use), so anything a generation leaves on the UNet is
-    still there at the next load. ``kind``: "sd15", "sdxl" or "flux" (no transformer blocks)."""
+    still there at the next load. ``kind``: "sd15", "sdxl" or "flux" (Forge's FLUX: no UNet transformer blocks, the
+    step cache knows its blocks)."""
     if kind == "flux":
-        model = backend.FluxLikeModel(seed=seed)
+        model = backend.IntegratedFluxTransformer2DModel(seed=seed)
         return lambda: backend.Flux(model, name or "forge-flux")
     ldm = tiny_models.make_tiny_sdxl_unet(seed) if kind == "sdxl" else tiny_models.make_tiny_sd15_unet(seed)
     unet = unet_from_ldm(ldm)
