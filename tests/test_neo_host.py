@@ -82,8 +82,8 @@ def test_neos_builtin_token_merging_and_its_options_are_taken_over_and_left_as_t
     assert backend.TomePatcher.calls and identical(again_spy.outputs, builtin_spy.outputs)
 
 
-CACHED = ("Flux", "Flux2", "Chroma", "Wan")
-"""Neo's families whose blocks the step cache knows (``tome_core.families.bfl``, ``tome_core.families.wan``)."""
+CACHED = ("Flux", "Flux2", "Chroma", "Wan", "QwenImage", "ZImage", "Lumina2")
+"""Neo's families whose blocks the step cache knows (``tome_core.families.bfl``, ``tome_core.families.chain``)."""
 
 
 @pytest.mark.parametrize("family", [f for f in backend.FAMILIES if f not in CACHED])
@@ -96,7 +96,7 @@ def test_a_model_family_without_the_unet_runs_unmerged_with_notes_and_sd15_merge
     res, (spy,) = generate(txt, tome_args(txt, ratio=0.5, cache=True), [model], steps=2)
     notes = res.js()
     assert f"nothing merged ({family} has no UNet transformer blocks)" in res.infotexts[0]
-    assert "step cache off: the cache knows the blocks of UNets, FLUX, Chroma and Wan, not of this model" in notes
+    assert "step cache off: the cache does not know this model's blocks" in notes
     assert ext.ERROR_KEY not in notes and not errors.reported  # no error, no traceback
     assert identical(spy.outputs, plain_spy.outputs) and identical(pixels(res), pixels(plain))
     assert untouched(model)
@@ -107,9 +107,7 @@ def test_a_model_family_without_the_unet_runs_unmerged_with_notes_and_sd15_merge
 
 
 @pytest.mark.parametrize("family", CACHED)
-def test_the_accordions_cache_acts_on_neos_flux_chroma_and_wan_and_the_plain_image_follows(
-    start_neo, neo_builders, family
-):
+def test_the_accordions_cache_acts_on_neos_transformers_and_the_plain_image_follows(start_neo, neo_builders, family):
     model = unet_of(neo_builders[family])
     txt, _ = start_neo(checkpoint=family)
     cache = {"ratio": 0.0, "cache": True, "cache_forecast": "linear", "cache_schedule": "uniform"}

@@ -160,9 +160,7 @@ class StepCache:
         self._timed = self.settings.cache_schedule == "time"
         self._two_times = False  # this pass's steps call the UNet at two times (the time schedule stands down)
         if self.layout is None:
-            self._notes.append(
-                "step cache off: the cache knows the blocks of UNets, FLUX, Chroma and Wan, not of this model"
-            )
+            self._notes.append("step cache off: the cache does not know this model's blocks")
 
     @property
     def usable(self) -> bool:

@@ -10,9 +10,10 @@ everything else is ``forge_double.backend``).
   list and the names of its blocks' layers (``backend/nn/*.py``, below). For these ToMe reads nothing but that module
   tree (it looks for blocks laid out as ``norm1, attn1, attn2, ff`` and for ``input_blocks`` / ``middle_block`` /
   ``output_blocks``, which none of them has); their forward is a few convolutions and linear layers through those
-  named layers, not the real model's math. FLUX, Chroma and Wan (``nn/flux.py``, ``nn/chroma.py``, ``nn/wan.py``),
-  whose blocks the step cache knows, are ComfyUI's loops (Neo ported them): ``tests/bfl_flux_double.py`` and
-  ``tests/wan_double.py``, without ComfyUI's wrappers; Wan on one frame (the double's processing makes image latents).
+  named layers, not the real model's math. FLUX, Chroma, Wan, Qwen-Image, Lumina 2 and Z-Image (``nn/flux.py``,
+  ``chroma.py``, ``wan.py``, ``qwen.py``, ``lumina.py``), whose blocks the step cache knows, are ComfyUI's loops (Neo
+  ported them): ``tests/bfl_flux_double.py``, ``tests/wan_double.py`` and ``tests/chain_doubles.py``, without
+  ComfyUI's wrappers; Wan and Qwen-Image on one frame (the double's processing makes image latents).
   Neo runs them on flow-matching predictors; the double keeps Forge's discrete one (their timesteps are 0–999).
 """
 
@@ -24,6 +25,8 @@ from typing import ClassVar
 import tomesd.merge
 import torch
 from bfl_flux_double import Flux as BflFlux
+from chain_doubles import NextDiT as LuminaDouble
+from chain_doubles import QwenImageTransformer2DModel as QwenDouble
 from forge_double import backend as forge
 from modules.shared import opts
 from torch import nn
@@ -139,20 +142,15 @@ class WanModel(WanDouble):  # nn/wan.py:266: ComfyUI's loop, no wrappers
         return super().forward(x.unsqueeze(2), timestep, context, **kwargs).squeeze(2)
 
 
-class QwenImageTransformer2DModel(DiTDouble):  # nn/qwen.py:335, QwenImageTransformerBlock l.246
-    BLOCKS: ClassVar[dict[str, type[_Block]]] = {
-        "transformer_blocks": _blocks(
-            "QwenImageTransformerBlock", ("img_mod", "img_norm1", "attn", "img_norm2", "img_mlp", "txt_mlp")
-        )
-    }
+class QwenImageTransformer2DModel(QwenDouble):  # nn/qwen.py:335: ComfyUI's loop, its time named ``timesteps``
+    """Neo samples Qwen-Image on Wan-VAE latents ``(B, C, 1, H, W)``; the double's processing makes image latents."""
+
+    def forward(self, x, timesteps, context, **kwargs):
+        return super().forward(x.unsqueeze(2), timesteps, context, **kwargs).squeeze(2)
 
 
-class NextDiT(DiTDouble):  # nn/lumina.py:215, JointTransformerBlock l.118; Lumina 2, Z-Image
-    BLOCKS: ClassVar[dict[str, type[_Block]]] = {
-        "layers": _blocks(
-            "JointTransformerBlock", ("attention_norm1", "attention", "attention_norm2", "ffn_norm1", "feed_forward")
-        )
-    }
+class NextDiT(LuminaDouble):  # nn/lumina.py:215: ComfyUI's loop; Lumina 2, Z-Image
+    pass
 
 
 class Anima(DiTDouble):  # nn/anima.py:370, Block l.248

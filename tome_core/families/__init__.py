@@ -1,7 +1,8 @@
 """Model families: how the step cache finds, in one model, the blocks a cached step skips and where their result
 enters again (:class:`~tome_core.families.base.Layout`). The cache speaks of blocks; a family is an adapter that
 knows one model's layout: the ldm/sgm/Forge/ComfyUI UNets (:mod:`.unet`), diffusers' FLUX transformer (:mod:`.flux`)
-FLUX/Chroma (:mod:`.bfl`) and Wan (:mod:`.wan`) as ComfyUI and Forge Neo run them."""
+FLUX/Chroma (:mod:`.bfl`) as ComfyUI, Forge and Forge Neo run it, and Wan, Lumina 2/Z-Image and Qwen-Image
+(:mod:`.chain`) as ComfyUI and Forge Neo run them."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from torch import nn
 
 from .base import Layout
 from .bfl import BflFlux
+from .chain import ComfyLumina, ComfyQwenImage, ComfyWan
 from .flux import DiffusersFlux
 from .unet import UNetLayout
-from .wan import ComfyWan
 
-FAMILIES: tuple[type[Layout], ...] = (UNetLayout, DiffusersFlux, BflFlux, ComfyWan)
+FAMILIES: tuple[type[Layout], ...] = (UNetLayout, DiffusersFlux, BflFlux, ComfyWan, ComfyLumina, ComfyQwenImage)
 
 
 def layout_for(root: nn.Module, branch: int) -> Layout | None:
@@ -26,4 +27,14 @@ def layout_for(root: nn.Module, branch: int) -> Layout | None:
     return None
 
 
-__all__ = ["FAMILIES", "BflFlux", "ComfyWan", "DiffusersFlux", "Layout", "UNetLayout", "layout_for"]
+__all__ = [
+    "FAMILIES",
+    "BflFlux",
+    "ComfyLumina",
+    "ComfyQwenImage",
+    "ComfyWan",
+    "DiffusersFlux",
+    "Layout",
+    "UNetLayout",
+    "layout_for",
+]

@@ -1,14 +1,16 @@
-"""The step cache on Wan as ComfyUI and Forge Neo run it (issue 26): ``tome_core.families.wan`` on the double
-``tests/wan_double.py`` (one list of blocks, cross-attention, CFG as cond/uncond streams, video latents)."""
+"""The step cache on the one-chain diffusion transformers as ComfyUI runs them (issue 26): ``tome_core.families.chain``
+on the doubles of Wan (``tests/wan_double.py``: cross-attention, CFG as cond/uncond streams, video latents), Lumina 2 /
+Z-Image and Qwen-Image (``tests/chain_doubles.py``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from chain_doubles import NextDiT, QwenImageTransformer2DModel
 from wan_double import WanModel
 
 import tome_core
-from tome_core.families import ComfyWan, layout_for
+from tome_core.families import ComfyLumina, ComfyQwenImage, ComfyWan, layout_for
 from tome_core.settings import SettingsError, ToMeSettings
 
 OFF = ToMeSettings(ratio=0.0, cache=True, cache_interval=2, cache_forecast="off", cache_schedule="uniform")
@@ -111,3 +113,84 @@ def test_another_video_length_gets_a_fresh_cache(model):
     outs, report = _cached(model, mixed)
     assert report.cache.cached == 0
     assert torch.equal(outs[1], _run(model, [longer[1]])[0])
+
+
+# --- every chain family ------------------------------------------------------------------------------------------
+
+
+def _wan(model, i, s):
+    x = torch.randn(2, 4, 3, 8, 8, generator=torch.Generator().manual_seed(1)) + 0.1 * i
+    return (x, torch.full((2,), 1000 * s), torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))), {}
+
+
+def _lumina(model, i, s):
+    x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(1)) + 0.1 * i
+    return (x, torch.full((2,), 1 - s), torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2)), 5), {}
+
+
+def _qwen(model, i, s):
+    x = torch.randn(2, 4, 1, 8, 8, generator=torch.Generator().manual_seed(1)) + 0.1 * i
+    return (x, torch.full((2,), s), torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))), {}
+
+
+CHAINS = {
+    "wan": (WanModel, ComfyWan, "blocks", "head", _wan),
+    "lumina": (NextDiT, ComfyLumina, "layers", "final_layer", _lumina),
+    "qwen": (QwenImageTransformer2DModel, ComfyQwenImage, "transformer_blocks", "norm_out", _qwen),
+}
+
+
+@pytest.fixture(params=list(CHAINS), scope="module")
+def chain(request):
+    build, family, blocks, entry, call = CHAINS[request.param]
+    return build(seed=5).eval().requires_grad_(False), family, blocks, entry, call
+
+
+def _steps(chain, patch=None, sigmas=(0.9, 0.8, 0.7, 0.6, 0.5)):
+    model, *_, call = chain
+    outs = []
+    with torch.no_grad():
+        for i, s in enumerate(sigmas):
+            if patch is not None:
+                patch.set_progress(i / len(sigmas), len(sigmas))
+            args, kwargs = call(model, i, s)
+            outs.append(model(*args, transformer_options={}, **kwargs))
+    return outs
+
+
+def test_each_chain_family_is_found_caches_and_leaves_the_model_bit_identical(chain):
+    model, family, blocks, entry, _ = chain
+    layout = layout_for(model, 1)
+    assert type(layout) is family and layout.entry is getattr(model, entry)
+    assert layout.start is getattr(model, blocks)[0] and layout.skipped == list(getattr(model, blocks)[2:])
+    with pytest.raises(SettingsError, match="cache_branch"):
+        layout_for(model, len(getattr(model, blocks)) - 1)
+    plain = _steps(chain)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    patch = tome_core.apply_settings(model, OFF.replace(cache_interval=3, cache_branch=1))
+    entered = []
+    handle = getattr(model, entry).register_forward_pre_hook(
+        lambda m, a, k: entered.append(a[0].clone()), with_kwargs=True
+    )
+    left = []
+    first = getattr(model, blocks)[1]
+    hook = first.register_forward_hook(lambda m, a, k, out: left.append(out), with_kwargs=True)
+    try:
+        cached = _steps(chain, patch)
+        report = patch.report()
+    finally:
+        handle.remove()
+        hook.remove()
+        tome_core.remove_patch(model)
+    assert [p.to_dict() for p in report.cache.passes] == [{"full": 3, "cached": 2, "skipped": 0}]  # 0, 3, 4
+    assert torch.equal(cached[0], plain[0]) and not torch.equal(cached[1], plain[1])
+    # a cached step's output layer gets what left its probe plus step 0's residual (DeepCache's reuse: forecast off)
+
+    def stream(out):  # Qwen-Image's blocks return (text, image)
+        return out[1] if isinstance(out, tuple) else out
+
+    residual = entered[0] - stream(left[0])
+    torch.testing.assert_close(entered[1], stream(left[1]) + residual, rtol=1e-5, atol=1e-5)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert all(torch.equal(a, b) for a, b in zip(_steps(chain), plain))

@@ -1,0 +1,117 @@
+"""Diffusion transformers with one chain of blocks, as ComfyUI and Forge Neo (which ported the loops) run them:
+
+* Wan 2.1 / 2.2, VACE, camera (``comfy/ldm/wan/model.py`` ``WanModel``; Neo ``backend/nn/wan.py``): ``blocks``,
+  each ``block(x, e=, freqs=, context=, ...)`` returning the token stream (text enters by cross-attention), then
+  ``head(x, e)``; the timestep is the flow-matching sigma times 1000 already. VACE adds its residuals in place after
+  blocks of the chain.
+* Lumina 2 and Z-Image (``comfy/ldm/lumina/model.py`` ``NextDiT``; Neo ``backend/nn/lumina.py``): ``layers``, each ``layer(x, mask, freqs_cis,
+  adaln_input, ...)`` returning the joint stream (caption tokens, then image tokens), then ``final_layer(x, c)``; the
+  timestep is the sigma (0–1).
+* Qwen-Image (``comfy/ldm/qwen_image/model.py`` ``QwenImageTransformer2DModel``; Neo ``backend/nn/qwen.py``, whose
+  forward names its time ``timesteps``): ``transformer_blocks``, each called
+  with ``hidden_states=``, ``encoder_hidden_states=`` and returning ``(encoder_hidden_states, hidden_states)``, a
+  ControlNet's residual added in place after each, then ``norm_out(hidden_states, temb)``; the timestep is the sigma.
+
+A cached pass runs the first ``branch + 1`` blocks and skips the rest up to the output layer (:mod:`.residual`). These
+models run classifier-free guidance: cond and uncond are streams of their own (``cond_or_uncond``), and each model
+(Wan 2.2's two experts) has its own cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..settings import SettingsError
+from ..steps import call_arg
+from .residual import ResidualLayout
+
+
+def _first(args: tuple, kwargs: dict, name: str = "x") -> torch.Tensor | None:
+    x = args[0] if args else kwargs.get(name)
+    return x if isinstance(x, torch.Tensor) else None
+
+
+class ChainLayout(ResidualLayout):
+    """One chain of blocks, then an output layer (see the module); a subclass names them and reads its calls."""
+
+    names: ClassVar[tuple[str, str, str]] = ("", "", "")
+    """Attributes of the root: the blocks, the output layer (the entry), a module only this family has."""
+    time: ClassVar[tuple[float, str, str]] = (1.0, "timestep", "timesteps")
+    """What makes the root's timestep 0–1000, and its argument's names (ComfyUI's and Neo's differ)."""
+
+    def __init__(self, root: nn.Module, blocks: list[nn.Module], branch: int):
+        if not branch < len(blocks) - 1:
+            raise SettingsError("cache_branch", branch, f"an integer from 0 to {len(blocks) - 2} for this model")
+        super().__init__(root, blocks[0], blocks[branch + 1 :], getattr(root, self.names[1]))
+        self._identity = self._modules(root)
+
+    @classmethod
+    def _blocks(cls, root: nn.Module) -> list[nn.Module] | None:
+        blocks_name, entry_name, marker = cls.names
+        blocks = getattr(root, blocks_name, None)
+        if not isinstance(blocks, nn.ModuleList) or len(blocks) < 2:
+            return None
+        if not isinstance(getattr(root, entry_name, None), nn.Module) or not hasattr(root, marker):
+            return None
+        return list(blocks)
+
+    @classmethod
+    def _modules(cls, root: nn.Module) -> list[int] | None:
+        blocks = cls._blocks(root)
+        return None if blocks is None else [id(m) for m in (*blocks, getattr(root, cls.names[1]))]
+
+    @classmethod
+    def find(cls, root: nn.Module, branch: int) -> ChainLayout | None:
+        blocks = cls._blocks(root)
+        return None if blocks is None else cls(root, blocks, branch)
+
+    def intact(self) -> bool:
+        return self._modules(self.root) == self._identity
+
+    def place(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, Any]:
+        scale, *names = self.time
+        t = next((t for name in names if (t := call_arg(module, args, kwargs, name)) is not None), None)
+        time = t.flatten()[0] * scale if isinstance(t, torch.Tensor) and t.numel() else None
+        return _first(args, kwargs), time
+
+    def stream_in(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        return _first(args, kwargs)
+
+    def pass_on(self, index: int, args: tuple, kwargs: dict) -> Any:
+        return _first(args, kwargs)
+
+    def entry_image(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        return _first(args, kwargs)
+
+    def with_entry_image(self, args: tuple, kwargs: dict, x: torch.Tensor) -> tuple[tuple, dict]:
+        return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "x": x})
+
+
+class ComfyWan(ChainLayout):
+    """Wan as ComfyUI and Forge Neo run it."""
+
+    names = ("blocks", "head", "patch_embedding")
+
+
+class ComfyLumina(ChainLayout):
+    """Lumina 2 and Z-Image (``NextDiT``) as ComfyUI and Forge Neo run them."""
+
+    names = ("layers", "final_layer", "noise_refiner")
+    time = (1000.0, "timesteps", "timestep")
+
+
+class ComfyQwenImage(ChainLayout):
+    """Qwen-Image as ComfyUI and Forge Neo run it: blocks called with keywords, returning the text and the image
+    stream."""
+
+    names = ("transformer_blocks", "norm_out", "txt_norm")
+    time = (1000.0, "timestep", "timesteps")
+
+    def stream_in(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        return _first(args, kwargs, "hidden_states")
+
+    def pass_on(self, index: int, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+        return kwargs.get("encoder_hidden_states"), _first(args, kwargs, "hidden_states")
