@@ -12,6 +12,21 @@ all its blocks, and what to return where it does not:
   and its last computed residual added to the embedded input. The published polynomial is fitted to FLUX.1-dev
   (:data:`FLUX_POLYNOMIAL`); its authors fit it again for another model, so it also runs with one fitted to the
   model at hand (:func:`fit_teacache`). First and last step computed.
+* **TaylorSeer** (arXiv 2503.06923): every ``interval``-th step (and the first ``first`` steps) computed; the steps
+  between skip the blocks and take their output from a Taylor expansion in the step index around the last computed
+  step, its derivatives the finite differences of the computed steps (orders 1 and 2). Its FLUX defaults: order 1,
+  interval 6, the first 3 steps computed. Written here on the blocks' whole residual (the original caches each
+  block's attention and MLP outputs; the forecast is the same expansion).
+* **MagCache** (arXiv 2506.14838): the ratio of the blocks' residual magnitude from one step to the next, calibrated
+  per step on a few plain samples (:func:`magnitude_ratios`), is nearly constant until the last steps; a step is
+  skipped (the last computed residual reused) while the error it accumulates, the sum of ``|1 - product of the
+  ratios since the last computed step|``, stays below the threshold and at most ``k`` steps in a row are skipped; the
+  first ``retain`` of the steps are computed.
+* **EasyCache** (arXiv 2507.02860; ComfyUI's built-in): at the computed steps, the model's transformation rate
+  (the change of its output over the change of its input, from the last two computed steps); a step is skipped while
+  the output change this rate predicts from the input's change, relative to the last output and accumulated since
+  the last computed step, stays below the threshold; a skipped step returns its input plus the last computed
+  step's output-minus-input. Computed before ``start`` and after ``end`` of the steps (ComfyUI's 0.15, 0.95).
 
 The model's forward is taken apart as diffusers' ``FluxTransformer2DModel.forward`` runs it (embeddings, the
 double-stream blocks, the single-stream blocks, the output norm and projection; :func:`embed`, :func:`blocks`,
@@ -21,6 +36,7 @@ and uncond batched) at a time, so that each decides for its image.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -32,7 +48,9 @@ from benchmarks.anchors import rel_l1
 FLUX_POLYNOMIAL = (4.98651651e02, -2.83781631e02, 5.58554382e01, -3.82021401e00, 2.64230861e-01)
 """TeaCache4FLUX's rescaling polynomial (highest power first), published for FLUX.1-dev."""
 KINDS = ("full", "first", "skip")
-"""What a call cost: all blocks, the outside and the first block (First Block Cache's skip), the outside only."""
+"""What a call cost: all blocks, the outside and the first block (First Block Cache's skip), the outside only (the
+skips of TeaCache, TaylorSeer, MagCache and EasyCache; EasyCache's skip runs not even the outside, so its price is a
+few hundredths of a step high)."""
 
 
 def embed(t: nn.Module, kw: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
@@ -150,23 +168,115 @@ class TeaCache(DiTRule):
         return out
 
 
+class TaylorSeer(DiTRule):
+    """TaylorSeer (see the module): ``order`` 1 or 2."""
+
+    def __init__(self, interval: int, order: int = 1, first: int = 3) -> None:
+        super().__init__()
+        self.interval, self.order, self.first = interval, order, first
+        self.derivatives: list[torch.Tensor] = []  # the residual and its finite differences per step, last computed
+        self.computed = 0  # the step of the last computed one
+
+    def call(self, img, txt, temb, rope) -> torch.Tensor:
+        since = self.step - self.computed
+        if not self.edge and self.step >= self.first and self.derivatives and since % self.interval:
+            self.kinds.append("skip")
+            return img + self.forecast(since)
+        self.kinds.append("full")
+        out = blocks(self.transformer, img, txt, temb, rope)[0]
+        self.update(out - img, self.step)
+        return out
+
+    def update(self, residual: torch.Tensor, step: int) -> None:
+        """A computed step's residual: it and its finite differences up to ``order`` (per step of the index)."""
+        gap, new = max(step - self.computed, 1), [residual]
+        for k in range(min(self.order, len(self.derivatives))):
+            new.append((new[k] - self.derivatives[k]) / gap)
+        self.derivatives, self.computed = new, step
+
+    def forecast(self, since: int) -> torch.Tensor:
+        """The residual ``since`` steps after the last computed one: the Taylor expansion."""
+        return sum(d * since**k / math.factorial(k) for k, d in enumerate(self.derivatives))
+
+
+class MagCache(DiTRule):
+    """MagCache (see the module); ``ratios``: the calibrated magnitude ratio of each step to the one before."""
+
+    def __init__(self, threshold: float, ratios: list[float], k: int = 5, retain: float = 0.2) -> None:
+        super().__init__()
+        self.threshold, self.ratios, self.k, self.retain = threshold, ratios, k, retain
+        self.residual: torch.Tensor | None = None
+        self.ratio, self.skipped, self.error = 1.0, 0, 0.0
+
+    def call(self, img, txt, temb, rope) -> torch.Tensor:
+        if not self.edge and self.residual is not None and self.step >= self.retain * self.steps:
+            ratio = self.ratio * self.ratios[min(self.step, len(self.ratios) - 1)]
+            error = self.error + abs(1.0 - ratio)
+            if error < self.threshold and self.skipped < self.k:
+                self.ratio, self.error, self.skipped = ratio, error, self.skipped + 1
+                self.kinds.append("skip")
+                return img + self.residual
+        self.ratio, self.skipped, self.error = 1.0, 0, 0.0
+        self.kinds.append("full")
+        out = blocks(self.transformer, img, txt, temb, rope)[0]
+        self.residual = out - img
+        return out
+
+
+class EasyCache(DiTRule):
+    """EasyCache (see the module), on the model's input and output."""
+
+    def __init__(self, threshold: float, start: float = 0.15, end: float = 0.95) -> None:
+        super().__init__()
+        self.threshold, self.start, self.end = threshold, start, end
+        self.inputs: list[torch.Tensor] = []  # the last two computed steps' inputs and outputs
+        self.outputs: list[torch.Tensor] = []
+        self.previous: torch.Tensor | None = None  # the input of the step before
+        self.accumulated = 0.0
+
+    def _forward(self, return_dict: bool = False, **kw: Any) -> tuple[torch.Tensor]:
+        x, previous = kw["hidden_states"], self.previous
+        self.previous = x
+        window = self.start * self.steps <= self.step < self.end * self.steps
+        if window and not self.edge and previous is not None and len(self.inputs) == 2:
+            rate = rel_l1(self.outputs[1], self.outputs[0]) / max(rel_l1(self.inputs[1], self.inputs[0]), 1e-12)
+            self.accumulated += rate * rel_l1(x, previous)
+            if self.accumulated < self.threshold:
+                self.kinds.append("skip")
+                return (x + (self.outputs[1] - self.inputs[1]),)
+        self.accumulated = 0.0
+        out = DiTRule._forward(self, **kw)[0]
+        self.inputs, self.outputs = [*self.inputs[-1:], x], [*self.outputs[-1:], out]
+        return (out,)
+
+
 class Recorder(DiTRule):
-    """Computes every step and records, per step, the first block's modulated input and the model's output (the
-    data TeaCache's polynomial is fitted to)."""
+    """Computes every step and records, per step, the first block's modulated input, the model's output (the data
+    TeaCache's polynomial is fitted to) and the mean magnitude of the blocks' residual (MagCache's)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.modulated: list[torch.Tensor] = []
         self.outputs: list[torch.Tensor] = []
+        self.magnitudes: list[float] = []
 
     def _forward(self, return_dict: bool = False, **kw: Any) -> tuple[torch.Tensor]:
         t = self.transformer
         img, txt, temb, rope = embed(t, kw)
         self.modulated.append(t.transformer_blocks[0].norm1(img, emb=temb)[0])
-        out = head(t, blocks(t, img, txt, temb, rope)[0], temb)
+        after = blocks(t, img, txt, temb, rope)[0]
+        self.magnitudes.append(float((after - img).abs().mean()))
+        out = head(t, after, temb)
         self.outputs.append(out)
         self.kinds.append("full")
         return (out,)
+
+
+def magnitude_ratios(recorders: list[Recorder]) -> list[float]:
+    """MagCache's calibration: per step, the mean over plain runs of the residual's magnitude over the step before's
+    (1 at the first step)."""
+    ratios = np.array([[1.0] + [m[i] / m[i - 1] for i in range(1, len(m))] for m in (r.magnitudes for r in recorders)])
+    return [float(r) for r in ratios.mean(axis=0)]
 
 
 def fit_teacache(recorders: list[Recorder], degree: int = 4) -> tuple[float, ...]:

@@ -5,7 +5,8 @@ The model (:mod:`benchmarks.fidelity.flux`, ``weights/flux.safetensors``) sample
 the flow-matching Euler sampler on FLUX.1's schedule, classifier-free guidance 4 (cond and uncond batched: one
 stream), 20 steps. Plain runs once; each mode of :data:`MODES` (our cache through the same engine as on the UNets:
 the forecast off = DeepCache's reuse, linear, calibrated; the uniform and the time schedule) and each anchor of
-:data:`ANCHORS` (First Block Cache, TeaCache: :mod:`benchmarks.dit_anchors`, image by image) samples the same noise.
+:data:`ANCHORS` (First Block Cache, TeaCache, TaylorSeer, MagCache, EasyCache: :mod:`benchmarks.dit_anchors`, image
+by image) samples the same noise.
 Reported per mode: mean PSNR and SSIM against plain's sample with their bootstrap 95 % intervals, the judge's class
 accuracy, the full steps of the pass and the speed-up of those steps priced at FLUX.1's real width
 (:mod:`benchmarks.dit_costs`' run; a cached step runs the model's outside and the first double block).
@@ -70,13 +71,20 @@ MODES = tuple(
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """What anchors fit to the model on plain runs of seeds of their own: TeaCache's polynomial, MagCache's ratios."""
+
+    polynomial: tuple[float, ...]
+    ratios: list[float]
+
+
+@dataclass(frozen=True)
 class Anchor:
-    """Another cache (:mod:`benchmarks.dit_anchors`): ``make(fitted)`` builds its rule (``fitted``: TeaCache's
-    polynomial fitted to this model)."""
+    """Another cache (:mod:`benchmarks.dit_anchors`): ``make(calibration)`` builds its rule."""
 
     name: str
     label: str
-    make: Callable[[tuple[float, ...]], A.DiTRule]
+    make: Callable[[Calibration], A.DiTRule]
 
 
 ANCHORS = (
@@ -86,12 +94,28 @@ ANCHORS = (
         for t in (0.25, 0.4, 0.6, 0.8)
     ),
     *(
-        Anchor(f"teacache-fitted-{t:g}", f"TeaCache {t:g} (fitted here)", lambda fit, t=t: A.TeaCache(t, fit))
+        Anchor(f"teacache-fitted-{t:g}", f"TeaCache {t:g} (fitted here)", lambda c, t=t: A.TeaCache(t, c.polynomial))
         for t in (0.1, 0.2, 0.4)
     ),
+    *(
+        Anchor(
+            f"taylorseer-o{o}-n{n}",
+            f"TaylorSeer order {o}, interval {n}, 3 first steps",
+            lambda _, o=o, n=n: A.TaylorSeer(n, o),
+        )
+        for o in (1, 2)
+        for n in (4, 6)
+    ),
+    *(
+        Anchor(f"magcache-{t:g}", f"MagCache {t:g} (K 5, 20 % retained)", lambda c, t=t: A.MagCache(t, c.ratios))
+        for t in (0.12, 0.24)
+    ),
+    *(Anchor(f"easycache-{t:g}", f"EasyCache {t:g} (0.15–0.95)", lambda _, t=t: A.EasyCache(t)) for t in (0.1, 0.2)),
 )
 """First Block Cache at the thresholds FLUX users quote; TeaCache at its published FLUX thresholds (1.5–2.25× on
-FLUX.1-dev) with its published polynomial, and with one fitted to this model on seeds of their own."""
+FLUX.1-dev) with its published polynomial, and with one fitted to this model on seeds of their own; TaylorSeer at its
+FLUX defaults (order 1, interval 6) and order 2; MagCache with ratios calibrated here; EasyCache at ComfyUI's
+default threshold (0.2) and half of it."""
 CALIBRATION_SEEDS = range(1000, 1008)
 
 
@@ -136,17 +160,18 @@ def _per_image(model, noise, labels, steps: int, make: Callable[[], A.DiTRule]) 
     return torch.cat(outs), rules
 
 
-def sample_anchor(model, noise, labels, steps: int, anchor: Anchor, fitted) -> tuple[torch.Tensor, list[dict]]:
+def sample_anchor(model, noise, labels, steps: int, anchor: Anchor, calibration) -> tuple[torch.Tensor, list[dict]]:
     """The anchor's run, image by image: the samples and each image's steps."""
-    samples, rules = _per_image(model, noise, labels, steps, lambda: anchor.make(fitted))
+    samples, rules = _per_image(model, noise, labels, steps, lambda: anchor.make(calibration))
     return samples, [rule.counts() for rule in rules]
 
 
-def fit(model: flux.FluxLayout, steps: int) -> tuple[float, ...]:
-    """TeaCache's polynomial fitted to ``model`` on plain runs of :data:`CALIBRATION_SEEDS` (seeds of their own)."""
+def calibrate(model: flux.FluxLayout, steps: int) -> Calibration:
+    """TeaCache's polynomial and MagCache's ratios fitted to ``model`` on plain runs of :data:`CALIBRATION_SEEDS`."""
     noise = noise_for(CALIBRATION_SEEDS, flux.SIZE, flux.CHANNELS)
     labels = labels_for(CALIBRATION_SEEDS, len(data.CLASSES))
-    return A.fit_teacache(_per_image(model, noise, labels, steps, A.Recorder)[1])
+    recorders = _per_image(model, noise, labels, steps, A.Recorder)[1]
+    return Calibration(A.fit_teacache(recorders), A.magnitude_ratios(recorders))
 
 
 def accuracy(samples: torch.Tensor, labels: torch.Tensor) -> Estimate:
@@ -185,10 +210,11 @@ def run(seeds: int, steps: int, model: flux.FluxLayout, log) -> dict:
             "counts": counts,
         }
         log(f"{mode.name}: {out[mode.name]['psnr'][0]:.1f} dB, {counts}")
-    fitted = fit(model, steps)
-    out["teacache-polynomial"] = list(fitted)
+    calibration = calibrate(model, steps)
+    out["teacache-polynomial"] = list(calibration.polynomial)
+    out["magcache-ratios"] = calibration.ratios
     for anchor in ANCHORS:
-        samples, per_image = sample_anchor(model, noise, labels, steps, anchor, fitted)
+        samples, per_image = sample_anchor(model, noise, labels, steps, anchor, calibration)
         psnr, ssim = psnr_ssim(samples, plain)
         speeds = [priced(c) for c in per_image]
         out[anchor.name] = {
@@ -239,6 +265,9 @@ def section(data_: dict, meta: dict) -> str:
     if "teacache-polynomial" in data_:
         fitted = ", ".join(f"{c:.4g}" for c in data_["teacache-polynomial"])
         lines += ["", f"TeaCache's polynomial fitted to this model (highest power first): {fitted}."]
+    if "magcache-ratios" in data_:
+        ratios = ", ".join(f"{r:.3f}" for r in data_["magcache-ratios"])
+        lines += ["", f"MagCache's magnitude ratios calibrated on this model, per step: {ratios}."]
     return "\n".join([*lines, END])
 
 

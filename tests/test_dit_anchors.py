@@ -1,6 +1,6 @@
 """The DiT anchors (``benchmarks.dit_anchors``, issue 26): the model's forward taken apart gives its output bit for
-bit; First Block Cache and TeaCache skip as their descriptions say; TeaCache's polynomial is fitted as its authors
-fit it."""
+bit; First Block Cache, TeaCache, TaylorSeer, MagCache and EasyCache skip as their descriptions say; TeaCache's
+polynomial and MagCache's ratios are fitted as their authors fit them."""
 
 from __future__ import annotations
 
@@ -69,3 +69,38 @@ def test_teacaches_polynomial_is_fitted_to_the_output_change_against_the_input_c
     fitted = np.poly1d(A.fit_teacache(recorders, degree=2))
     xs = np.linspace(0.05, 0.45, 5)
     assert fitted(xs) == pytest.approx(truth(xs), rel=1e-4)
+
+
+def test_taylorseer_computes_its_first_steps_and_every_interval_and_forecasts_between(model):
+    plain = _sample(model)
+    rule = A.TaylorSeer(interval=2, order=1, first=2)
+    out = _sample(model, rule)
+    assert rule.kinds == ["full", "full", "skip", "full", "skip", "full"]  # 0, 1 (first), 3 (interval), 5 (last)
+    assert not torch.equal(out, plain)
+    every = A.TaylorSeer(interval=1)
+    assert torch.equal(_sample(model, every), plain) and every.counts()["full"] == 6
+
+
+def test_taylorseers_derivatives_are_the_finite_differences_of_the_computed_residuals():
+    rule = A.TaylorSeer(interval=2, order=2, first=0)
+    for step in (0, 2, 4):  # a quadratic in the step: 1 + s + s**2 / 2
+        rule.update(torch.tensor(1.0 + step + step**2 / 2), step)
+    assert [float(d) for d in rule.derivatives] == [13.0, 4.0, 1.0]  # (13 - 5) / 2, ((13 - 5) / 2 - (5 - 1) / 2) / 2
+    assert float(rule.forecast(2)) == 13.0 + 4.0 * 2 + 1.0 * 4 / 2
+
+
+@pytest.mark.parametrize("make", [lambda t: A.MagCache(t, [1.0] * 6, retain=0.0), A.EasyCache])
+def test_magcache_and_easycache_compute_every_step_at_threshold_zero_and_skip_at_a_high_one(model, make):
+    plain = _sample(model)
+    exact = make(0.0)
+    assert torch.equal(_sample(model, exact), plain) and exact.counts()["full"] == 6
+    loose = make(1e9)
+    out = _sample(model, loose)
+    assert loose.counts()["skip"] >= 1 and loose.kinds[0] == loose.kinds[-1] == "full"
+    assert not torch.equal(out, plain)
+
+
+def test_magcache_skips_at_most_k_steps_in_a_row_and_its_ratios_are_calibrated_per_step():
+    r = A.Recorder()
+    r.magnitudes = [2.0, 2.0, 1.0, 0.5]
+    assert A.magnitude_ratios([r, r]) == [1.0, 1.0, 0.5, 0.5]

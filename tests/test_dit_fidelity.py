@@ -15,8 +15,9 @@ def test_a_quick_run_reports_every_mode_against_plain_and_renders():
     model = flux.build(len(data.CLASSES), seed=1).eval()
     results = dit_fidelity.run(2, 4, model, lambda _: None)
     ours, anchors = [m.name for m in dit_fidelity.MODES], [a.name for a in dit_fidelity.ANCHORS]
-    assert list(results) == ["plain", *ours, "teacache-polynomial", *anchors]
+    assert list(results) == ["plain", *ours, "teacache-polynomial", "magcache-ratios", *anchors]
     assert len(results["teacache-polynomial"]) == 5  # fitted to this model: degree 4
+    assert len(results["magcache-ratios"]) == 4 and results["magcache-ratios"][0] == 1.0  # one per step
     assert all(sum(results[a]["counts"].values()) == 4 for a in anchors)  # every step of each image, by kind
     counts = results["off-uniform-3"]["counts"]
     assert counts == {"full": 2, "cached": 2, "skipped": 0}  # steps 0 and 3 (the last) of 4
@@ -24,6 +25,7 @@ def test_a_quick_run_reports_every_mode_against_plain_and_renders():
     text = dit_fidelity.section(results, {"seeds": 2, "steps": 4, "seconds": 1.0})
     assert text.startswith(dit_fidelity.BEGIN) and text.endswith(dit_fidelity.END)
     assert "| ours: calibrated, time, N=5 |" in text and "| First Block Cache 0.07 |" in text
+    assert "| TaylorSeer order 1, interval 6, 3 first steps |" in text and "MagCache's magnitude ratios" in text
 
 
 def test_a_pass_is_priced_with_the_real_width_costs(monkeypatch):
