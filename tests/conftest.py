@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,10 @@ def start_neo(neo_builders):
     for build in neo_builders.values():
         tome_core.remove_patch(build().forge_objects.unet.model.diffusion_model)
     neo.reset_neo()
+
+
+@pytest.fixture
+def console(caplog):
+    """The console lines ToMe wrote (its logger, INFO and above)."""
+    caplog.set_level(logging.INFO, logger="tome_core")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "tome_core"]

@@ -52,49 +52,6 @@ def _cached(model, calls, settings=OFF, **kw):
     return outs, report
 
 
-def test_the_family_is_found_by_its_blocks_and_names_its_branch_bound(model):
-    layout = layout_for(model, 0)
-    assert isinstance(layout, ComfyWan) and layout.start is model.blocks[0] and layout.entry is model.head
-    assert layout.skipped == list(model.blocks[1:]) and len(layout_for(model, 2).skipped) == 1
-    with pytest.raises(SettingsError, match=r"cache_branch.*from 0 to 2 for this model"):
-        layout_for(model, 3)
-
-
-def test_the_cache_acts_and_leaves_the_model_bit_identical(model):
-    calls = _calls((0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6))
-    plain = _run(model, calls)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    settings = ToMeSettings(ratio=0.0, cache=True, cache_interval=3, cache_schedule="uniform")
-    cached, report = _cached(model, calls, settings)
-    assert [p.to_dict() for p in report.cache.passes] == [{"full": 3, "cached": 4, "skipped": 0}]
-    assert report.notes == ()
-    assert torch.equal(cached[0], plain[0]) and not torch.equal(cached[1], plain[1])
-    assert (cached[1] - plain[1]).abs().max() < 0.1 * plain[1].abs().max()
-    assert all("forward" not in m.__dict__ for m in model.modules())
-    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
-    assert all(torch.equal(a, b) for a, b in zip(_run(model, calls), plain))
-
-
-def test_a_cached_step_gives_the_head_what_left_its_probe_plus_the_full_steps_residual(model):
-    seen: dict[str, list] = {"left": [], "head": []}
-    handles = [
-        model.blocks[1].register_forward_pre_hook(lambda m, a: seen["left"].append(a[0].clone())),
-        model.head.register_forward_pre_hook(lambda m, a: seen["head"].append(a)),
-    ]
-    try:
-        _run(model, _calls()[:2])
-    finally:
-        for h in handles:
-            h.remove()
-    (head0, _), (_, e1) = seen["head"]
-    with torch.no_grad():
-        tokens = model.head(seen["left"][1] + (head0 - seen["left"][0]), e1)
-    outs, report = _cached(model, _calls())
-    assert report.cache.cached == 1
-    expected = torch.einsum("bfhwpqrc->bcfphqwr", tokens.view(2, 3, 4, 4, 1, 2, 2, 4)).reshape(2, 4, 3, 8, 8)
-    torch.testing.assert_close(outs[1], expected, rtol=1e-5, atol=1e-5)
-
-
 def test_cond_and_uncond_called_apart_are_streams_of_their_own(model):
     """ComfyUI batches cond and uncond where memory allows, else calls them apart (``cond_or_uncond`` [0] then [1]):
     each keeps its own cache, so the cached image is the batched one's."""

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import comfy_harness as ch
 import execution
 import pytest
 import torch
+from test_cache_hosts import untouched
 
 import tome_core
 from tome_core import extension as ext
@@ -26,27 +26,12 @@ def comfy():
     tome_core.remove_patch(ch.base_model("flux1").diffusion_model)
 
 
-@pytest.fixture
-def console(caplog):
-    caplog.set_level(logging.INFO, logger="tome_core")
-    return lambda: [r.getMessage() for r in caplog.records if r.name == "tome_core"]
-
-
 def model() -> torch.nn.Module:
     return ch.base_model("flux1").diffusion_model
 
 
 def sample(patches=(), **kwargs) -> torch.Tensor:
     return ch.samples(ch.run(ch.txt2img("flux1", patches, **{**SIZE, **kwargs})))
-
-
-def untouched(module: torch.nn.Module) -> bool:
-    return all(
-        tome_core.get_patch(m) is None
-        and "forward" not in m.__dict__
-        and not (m._forward_pre_hooks or m._forward_hooks)
-        for m in module.modules()
-    )
 
 
 def direct(settings: dict, steps: int = 6) -> torch.Tensor:

@@ -3,7 +3,6 @@ sampler, on the ComfyUI-layout UNet that really runs (``BaseModel.diffusion_mode
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import comfy_harness as ch
@@ -29,13 +28,6 @@ def comfy():
     yield
     for kind in ("sd15", "sd15b", "sdxl"):
         tome_core.remove_patch(ch.base_model(kind).diffusion_model)
-
-
-@pytest.fixture
-def console(caplog):
-    """The console lines ToMe wrote (its logger, INFO and above)."""
-    caplog.set_level(logging.INFO, logger="tome_core")
-    return lambda: [r.getMessage() for r in caplog.records if r.name == "tome_core"]
 
 
 def unet(kind: str = "sd15") -> torch.nn.Module:

@@ -3,7 +3,6 @@ ComfyUI's ``comfy_extras`` at 3cd7b32f): each works with ToMe, or ToMe steps asi
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import comfy_harness as ch
@@ -23,12 +22,6 @@ def comfy():
     ch.start(str(ROOT))
     yield
     tome_core.remove_patch(ch.base_model("sd15").diffusion_model)
-
-
-@pytest.fixture
-def console(caplog):
-    caplog.set_level(logging.INFO, logger="tome_core")
-    return lambda: [r.getMessage() for r in caplog.records if r.name == "tome_core"]
 
 
 def unet() -> torch.nn.Module:
