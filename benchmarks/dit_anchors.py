@@ -82,6 +82,7 @@ class DiTRule:
         self.transformer: nn.Module | None = None
         self.step, self.steps = 0, 1
         self.kinds: list[str] = []
+        self.residual: torch.Tensor | None = None  # every block's residual at the last step they ran
 
     def apply(self, transformer: nn.Module) -> DiTRule:
         self.transformer = transformer
@@ -115,8 +116,19 @@ class DiTRule:
 
     def call(self, img, txt, temb, rope) -> torch.Tensor:
         """The image stream that enters the output norm (every block computed here)."""
+        return self.computed(img, txt, temb, rope)
+
+    def computed(self, img, txt, temb, rope) -> torch.Tensor:
+        """Every block run: the image stream after them; their residual kept for the steps that reuse it."""
         self.kinds.append("full")
-        return blocks(self.transformer, img, txt, temb, rope)[0]
+        out = blocks(self.transformer, img, txt, temb, rope)[0]
+        self.residual = out - img
+        return out
+
+    def reused(self, img: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """No block run: the embedded input plus ``residual`` (default: the last computed step's)."""
+        self.kinds.append("skip")
+        return img + (self.residual if residual is None else residual)
 
 
 class FirstBlockCache(DiTRule):
@@ -148,7 +160,6 @@ class TeaCache(DiTRule):
         super().__init__()
         self.threshold, self.rescale = threshold, np.poly1d(polynomial)
         self.previous: torch.Tensor | None = None  # the last step's modulated input
-        self.residual: torch.Tensor | None = None  # all blocks' residual at the last computed step
         self.accumulated = 0.0
 
     def call(self, img, txt, temb, rope) -> torch.Tensor:
@@ -159,13 +170,9 @@ class TeaCache(DiTRule):
         if not self.edge and change is not None and self.residual is not None:
             self.accumulated += float(self.rescale(change))
             if self.accumulated < self.threshold:
-                self.kinds.append("skip")
-                return img + self.residual
+                return self.reused(img)
         self.accumulated = 0.0
-        self.kinds.append("full")
-        out = blocks(t, img, txt, temb, rope)[0]
-        self.residual = out - img
-        return out
+        return self.computed(img, txt, temb, rope)
 
 
 class TaylorSeer(DiTRule):
@@ -175,24 +182,22 @@ class TaylorSeer(DiTRule):
         super().__init__()
         self.interval, self.order, self.first = interval, order, first
         self.derivatives: list[torch.Tensor] = []  # the residual and its finite differences per step, last computed
-        self.computed = 0  # the step of the last computed one
+        self.last = 0  # the step of the last computed one
 
     def call(self, img, txt, temb, rope) -> torch.Tensor:
-        since = self.step - self.computed
+        since = self.step - self.last
         if not self.edge and self.step >= self.first and self.derivatives and since % self.interval:
-            self.kinds.append("skip")
-            return img + self.forecast(since)
-        self.kinds.append("full")
-        out = blocks(self.transformer, img, txt, temb, rope)[0]
-        self.update(out - img, self.step)
+            return self.reused(img, self.forecast(since))
+        out = self.computed(img, txt, temb, rope)
+        self.update(self.residual, self.step)
         return out
 
     def update(self, residual: torch.Tensor, step: int) -> None:
         """A computed step's residual: it and its finite differences up to ``order`` (per step of the index)."""
-        gap, new = max(step - self.computed, 1), [residual]
+        gap, new = max(step - self.last, 1), [residual]
         for k in range(min(self.order, len(self.derivatives))):
             new.append((new[k] - self.derivatives[k]) / gap)
-        self.derivatives, self.computed = new, step
+        self.derivatives, self.last = new, step
 
     def forecast(self, since: int) -> torch.Tensor:
         """The residual ``since`` steps after the last computed one: the Taylor expansion."""
@@ -205,7 +210,6 @@ class MagCache(DiTRule):
     def __init__(self, threshold: float, ratios: list[float], k: int = 5, retain: float = 0.2) -> None:
         super().__init__()
         self.threshold, self.ratios, self.k, self.retain = threshold, ratios, k, retain
-        self.residual: torch.Tensor | None = None
         self.ratio, self.skipped, self.error = 1.0, 0, 0.0
 
     def call(self, img, txt, temb, rope) -> torch.Tensor:
@@ -214,13 +218,9 @@ class MagCache(DiTRule):
             error = self.error + abs(1.0 - ratio)
             if error < self.threshold and self.skipped < self.k:
                 self.ratio, self.error, self.skipped = ratio, error, self.skipped + 1
-                self.kinds.append("skip")
-                return img + self.residual
+                return self.reused(img)
         self.ratio, self.skipped, self.error = 1.0, 0, 0.0
-        self.kinds.append("full")
-        out = blocks(self.transformer, img, txt, temb, rope)[0]
-        self.residual = out - img
-        return out
+        return self.computed(img, txt, temb, rope)
 
 
 class EasyCache(DiTRule):
