@@ -20,11 +20,8 @@ import torch
 from torch import nn
 
 from ..steps import call_arg
-from .flux import FluxLayout, sigma_time
-
-
-def _arg(args: tuple, kwargs: dict, position: int, name: str) -> Any:
-    return kwargs[name] if name in kwargs else (args[position] if len(args) > position else None)
+from .flux import FluxLayout
+from .residual import arg, sigma_time, tensor
 
 
 class BflFlux(FluxLayout):
@@ -33,21 +30,12 @@ class BflFlux(FluxLayout):
     names = ("double_blocks", "single_blocks", "final_layer", "img_in")
 
     def place(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, Any]:
-        x = _arg(args, kwargs, 0, "x")
-        return (x if isinstance(x, torch.Tensor) else None), sigma_time(call_arg(module, args, kwargs, "timestep"))
+        return tensor(arg(args, kwargs, 0, "x")), sigma_time(call_arg(module, args, kwargs, "timestep"))
 
     def stream_in(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
-        x = _arg(args, kwargs, 0, "img" if "img" in kwargs else "x")
-        return x if isinstance(x, torch.Tensor) else None
+        return tensor(arg(args, kwargs, 0, "img" if "img" in kwargs else "x"))
 
     def pass_on(self, index: int, args: tuple, kwargs: dict) -> Any:
         if index < self.doubles:  # ``block(img=, txt=, ...)``
-            return _arg(args, kwargs, 0, "img"), _arg(args, kwargs, 1, "txt")
-        return _arg(args, kwargs, 0, "x")  # ``block(x, vec=, ...)``
-
-    def entry_image(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
-        x = _arg(args, kwargs, 0, "x")  # ``final_layer(x, vec)``
-        return x if isinstance(x, torch.Tensor) else None
-
-    def with_entry_image(self, args: tuple, kwargs: dict, x: torch.Tensor) -> tuple[tuple, dict]:
-        return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "x": x})
+            return arg(args, kwargs, 0, "img"), arg(args, kwargs, 1, "txt")
+        return arg(args, kwargs, 0, "x")  # ``block(x, vec=, ...)``

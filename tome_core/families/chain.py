@@ -26,68 +26,37 @@ from torch import nn
 
 from ..settings import SettingsError
 from ..steps import call_arg
-from .residual import ResidualLayout
+from .residual import ResidualLayout, arg, sigma_time, tensor
 
 
 def _first(args: tuple, kwargs: dict, name: str = "x") -> torch.Tensor | None:
-    x = args[0] if args else kwargs.get(name)
-    return x if isinstance(x, torch.Tensor) else None
+    return tensor(arg(args, kwargs, 0, name))
 
 
 class ChainLayout(ResidualLayout):
-    """One chain of blocks, then an output layer (see the module); a subclass names them and reads its calls."""
+    """One chain of blocks, then an output layer (:attr:`names`, a subclass's: the blocks, the output layer, a marker;
+    see the module); a subclass reads its calls."""
 
-    names: ClassVar[tuple[str, str, str]] = ("", "", "")
-    """Attributes of the root: the blocks, the output layer (the entry), a module only this family has."""
+    least = 2
     time: ClassVar[tuple[float, str, str]] = (1.0, "timestep", "timesteps")
     """What makes the root's timestep 0–1000, and its argument's names (ComfyUI's and Neo's differ)."""
 
-    def __init__(self, root: nn.Module, blocks: list[nn.Module], branch: int):
+    def split(self, lists: list[list[nn.Module]], branch: int) -> tuple[nn.Module, list[nn.Module]]:
+        (blocks,) = lists
         if not branch < len(blocks) - 1:
             raise SettingsError("cache_branch", branch, f"an integer from 0 to {len(blocks) - 2} for this model")
-        super().__init__(root, blocks[0], blocks[branch + 1 :], getattr(root, self.names[1]))
-        self._identity = self._modules(root)
-
-    @classmethod
-    def _blocks(cls, root: nn.Module) -> list[nn.Module] | None:
-        blocks_name, entry_name, marker = cls.names
-        blocks = getattr(root, blocks_name, None)
-        if not isinstance(blocks, nn.ModuleList) or len(blocks) < 2:
-            return None
-        if not isinstance(getattr(root, entry_name, None), nn.Module) or not hasattr(root, marker):
-            return None
-        return list(blocks)
-
-    @classmethod
-    def _modules(cls, root: nn.Module) -> list[int] | None:
-        blocks = cls._blocks(root)
-        return None if blocks is None else [id(m) for m in (*blocks, getattr(root, cls.names[1]))]
-
-    @classmethod
-    def find(cls, root: nn.Module, branch: int) -> ChainLayout | None:
-        blocks = cls._blocks(root)
-        return None if blocks is None else cls(root, blocks, branch)
-
-    def intact(self) -> bool:
-        return self._modules(self.root) == self._identity
+        return blocks[0], blocks[branch + 1 :]
 
     def place(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, Any]:
         scale, *names = self.time
         t = next((t for name in names if (t := call_arg(module, args, kwargs, name)) is not None), None)
-        time = t.flatten()[0] * scale if isinstance(t, torch.Tensor) and t.numel() else None
-        return _first(args, kwargs), time
+        return _first(args, kwargs), sigma_time(t, scale)
 
     def stream_in(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
         return _first(args, kwargs)
 
     def pass_on(self, index: int, args: tuple, kwargs: dict) -> Any:
         return _first(args, kwargs)
-
-    def entry_image(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
-        return _first(args, kwargs)
-
-    def with_entry_image(self, args: tuple, kwargs: dict, x: torch.Tensor) -> tuple[tuple, dict]:
-        return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, "x": x})
 
 
 class ComfyWan(ChainLayout):

@@ -15,7 +15,7 @@ entry's input is the image tokens alone, so the last of the kept tokens are the 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -23,18 +23,74 @@ from torch import nn
 from .base import Layout
 
 
+def arg(args: tuple, kwargs: dict, position: int, name: str) -> Any:
+    """A call's argument ``name`` at ``position``, by keyword or position; None when absent."""
+    return kwargs[name] if name in kwargs else (args[position] if len(args) > position else None)
+
+
+def sigma_time(t: Any, scale: float = 1000.0) -> torch.Tensor | None:
+    """A call's first timestep on the UNets' 0–1000 scale (``scale``: what makes it so; a flow-matching sigma's 1000,
+    as FLUX scales it), left on its device; None without one."""
+    return t.flatten()[0] * scale if isinstance(t, torch.Tensor) and t.numel() else None
+
+
+def tensor(value: Any) -> torch.Tensor | None:
+    return value if isinstance(value, torch.Tensor) else None
+
+
 class ResidualLayout(Layout):
-    """A transformer family for the step cache (see the module); a subclass reads its host's calls."""
+    """A transformer family for the step cache (see the module): a subclass names the root's block lists and reads its
+    host's calls."""
+
+    names: ClassVar[tuple[str, ...]] = ()
+    """Attributes of the root: its block lists in call order, then the output layer (the entry), then a module only
+    this family has (to tell it from others with lists of those names)."""
+    least: ClassVar[int] = 1
+    """The fewest blocks the first list must hold for the family to know the model."""
+    entry_arg: ClassVar[str] = "x"
+    """The name of the entry's first argument, the image stream."""
 
     auto = ("linear", "uniform")
     """On the trained FLUX-layout model (``benchmarks.dit_fidelity``) the linear forecast on the uniform schedule beat
     the UNets' calibrated forecast on the time schedule at every matched speed (by 1.2–2.2 dB)."""
 
-    def __init__(self, root: nn.Module, start: nn.Module, skipped: list[nn.Module], entry: nn.Module):
-        self.root, self.start, self.skipped, self.entry = root, start, skipped, entry
+    def __init__(self, root: nn.Module, lists: list[list[nn.Module]], branch: int):
+        self.root, self.entry = root, getattr(root, self.names[-2])
+        self.start, self.skipped = self.split(lists, branch)
+        self._identity = self._modules(root)
         self._left: torch.Tensor | None = None  # a copy of the stream as it left the probe, in the pass running now
 
-    # --- what a subclass reads from its host's calls ---------------------------------------------------------
+    @classmethod
+    def _lists(cls, root: nn.Module) -> list[list[nn.Module]] | None:
+        *list_names, entry_name, marker = cls.names
+        lists = [getattr(root, name, None) for name in list_names]
+        if not all(isinstance(blocks, nn.ModuleList) for blocks in lists) or len(lists[0]) < cls.least:
+            return None
+        if not isinstance(getattr(root, entry_name, None), nn.Module) or not hasattr(root, marker):
+            return None
+        return [list(blocks) for blocks in lists]
+
+    @classmethod
+    def _modules(cls, root: nn.Module) -> list[int] | None:
+        """The identity of every block and of the output layer, in order: what the cache wrapped and hooked."""
+        lists = cls._lists(root)
+        if lists is None:
+            return None
+        return [id(m) for blocks in lists for m in blocks] + [id(getattr(root, cls.names[-2]))]
+
+    @classmethod
+    def find(cls, root: nn.Module, branch: int) -> ResidualLayout | None:
+        lists = cls._lists(root)
+        return None if lists is None else cls(root, lists, branch)
+
+    def intact(self) -> bool:
+        return self._modules(self.root) == self._identity
+
+    # --- what a subclass says of its model and reads from its host's calls ---------------------------------
+    def split(self, lists: list[list[nn.Module]], branch: int) -> tuple[nn.Module, list[nn.Module]]:
+        """The first block and the blocks a cached pass skips at ``branch``; ``SettingsError`` for one it lacks."""
+        raise NotImplementedError
+
     def stream_in(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
         """The image (or joint) stream entering the first skipped block."""
         raise NotImplementedError
@@ -44,17 +100,17 @@ class ResidualLayout(Layout):
         raise NotImplementedError
 
     def entry_image(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
-        """The image stream entering the entry."""
-        raise NotImplementedError
+        """The image stream entering the entry: its first argument (:attr:`entry_arg`)."""
+        return tensor(arg(args, kwargs, 0, self.entry_arg))
 
     def with_entry_image(self, args: tuple, kwargs: dict, x: torch.Tensor) -> tuple[tuple, dict]:
         """The entry's arguments with ``x`` as its image stream."""
-        raise NotImplementedError
+        return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, self.entry_arg: x})
 
     # --- the Layout --------------------------------------------------------------------------------------------
     def _keep_left(self, args: tuple, kwargs: dict) -> None:
         x = self.stream_in(args, kwargs)
-        self._left = x.clone() if isinstance(x, torch.Tensor) else None
+        self._left = x.clone() if x is not None else None
 
     def enter(self, index: int, args: tuple, kwargs: dict) -> None:
         if index == 0:

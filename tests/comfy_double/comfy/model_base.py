@@ -27,15 +27,8 @@ from torch import nn
 from . import patcher_extension
 
 
-class ModelSamplingDiscrete(nn.Module):
-    def __init__(self):
-        super().__init__()
-        betas = torch.linspace(0.00085**0.5, 0.012**0.5, 1000, dtype=torch.float64) ** 2
-        alphas_cumprod = torch.cumprod(1.0 - betas, dim=0)
-        sigmas = ((1 - alphas_cumprod) / alphas_cumprod) ** 0.5
-        self.register_buffer("sigmas", sigmas.float(), persistent=False)
-        self.register_buffer("log_sigmas", sigmas.log().float(), persistent=False)
-        self.sigma_data = 1.0
+class _Sampling(nn.Module):
+    """What the schedules share: the ends of ``sigmas`` and the denoised image from the model's prediction."""
 
     @property
     def sigma_min(self):
@@ -44,6 +37,24 @@ class ModelSamplingDiscrete(nn.Module):
     @property
     def sigma_max(self):
         return self.sigmas[-1]
+
+    @staticmethod
+    def _shape(sigma, ndim):
+        return sigma.view(sigma.shape[:1] + (1,) * (ndim - 1))
+
+    def calculate_denoised(self, sigma, model_output, model_input):
+        return model_input - model_output * self._shape(sigma, model_output.ndim)
+
+
+class ModelSamplingDiscrete(_Sampling):
+    def __init__(self):
+        super().__init__()
+        betas = torch.linspace(0.00085**0.5, 0.012**0.5, 1000, dtype=torch.float64) ** 2
+        alphas_cumprod = torch.cumprod(1.0 - betas, dim=0)
+        sigmas = ((1 - alphas_cumprod) / alphas_cumprod) ** 0.5
+        self.register_buffer("sigmas", sigmas.float(), persistent=False)
+        self.register_buffer("log_sigmas", sigmas.log().float(), persistent=False)
+        self.sigma_data = 1.0
 
     def timestep(self, sigma):
         dists = sigma.log() - self.log_sigmas[:, None]
@@ -62,15 +73,8 @@ class ModelSamplingDiscrete(nn.Module):
             return 0.0
         return self.sigma(torch.tensor((1.0 - percent) * 999.0)).item()
 
-    @staticmethod
-    def _shape(sigma, ndim):
-        return sigma.view(sigma.shape[:1] + (1,) * (ndim - 1))
-
     def calculate_input(self, sigma, noise):
         return noise / (self._shape(sigma, noise.ndim) ** 2 + self.sigma_data**2) ** 0.5
-
-    def calculate_denoised(self, sigma, model_output, model_input):
-        return model_input - model_output * self._shape(sigma, model_output.ndim)
 
     def noise_scaling(self, sigma, noise, latent_image, max_denoise=False):
         sigma = self._shape(sigma.reshape(-1)[:1].expand(noise.shape[0]), noise.ndim)
@@ -81,19 +85,12 @@ class ModelSamplingDiscrete(nn.Module):
         return latent
 
 
-class ModelSamplingFlux(nn.Module):
-    def __init__(self, shift: float = 1.15, timesteps: int = 10000):
+class ModelSamplingFlux(_Sampling):
+    def __init__(self, shift: float = 1.15, timesteps: int = 10000, multiplier: float = 1.0):
         super().__init__()
-        self.shift = shift
-        self.register_buffer("sigmas", self.sigma(torch.arange(1, timesteps + 1) / timesteps), persistent=False)
-
-    @property
-    def sigma_min(self):
-        return self.sigmas[0]
-
-    @property
-    def sigma_max(self):
-        return self.sigmas[-1]
+        self.shift, self.multiplier = shift, multiplier
+        ts = torch.arange(1, timesteps + 1) / timesteps * multiplier
+        self.register_buffer("sigmas", self.sigma(ts), persistent=False)
 
     def timestep(self, sigma):
         return sigma
@@ -108,15 +105,8 @@ class ModelSamplingFlux(nn.Module):
             return 0.0
         return float(self.sigma(torch.tensor(1.0 - percent)))
 
-    @staticmethod
-    def _shape(sigma, ndim):
-        return sigma.view(sigma.shape[:1] + (1,) * (ndim - 1))
-
     def calculate_input(self, sigma, noise):
         return noise
-
-    def calculate_denoised(self, sigma, model_output, model_input):
-        return model_input - model_output * self._shape(sigma, model_output.ndim)
 
     def noise_scaling(self, sigma, noise, latent_image, max_denoise=False):
         sigma = self._shape(sigma.reshape(-1)[:1].expand(noise.shape[0]), noise.ndim)
@@ -127,11 +117,10 @@ class ModelSamplingFlux(nn.Module):
 
 
 class ModelSamplingDiscreteFlow(ModelSamplingFlux):
+    """The Flux schedule's flow-matching parts with another time: ``time_snr_shift`` of ``timestep / multiplier``."""
+
     def __init__(self, shift: float = 8.0, multiplier: float = 1000.0):
-        self.multiplier = multiplier
-        nn.Module.__init__(self)
-        self.shift = shift
-        self.register_buffer("sigmas", self.sigma(torch.arange(1, 1001) / 1000 * multiplier), persistent=False)
+        super().__init__(shift, 1000, multiplier)
 
     def timestep(self, sigma):
         return sigma * self.multiplier
