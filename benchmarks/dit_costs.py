@@ -41,6 +41,7 @@ BEGIN, END = "<!-- dit-costs:begin -->", "<!-- dit-costs:end -->"
 KINDS = ("double", "single", "outside", "forecast", "calibrated", "calibration", "signal")
 INTERVALS = (2, 3, 4, 5)
 STEPS = 20
+Device = torch.device | str
 
 
 @dataclass(frozen=True)
@@ -79,19 +80,22 @@ class Config:
                 axes_dims_rope=rope,
             ).eval()
 
-    def inputs(self) -> dict[str, torch.Tensor]:
-        """The model's inputs for one image: packed latents, text, pooled vector, time, guidance, positions."""
+    def inputs(self, device: Device = "cpu", dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+        """The model's inputs for one image: packed latents, text, pooled vector, time, guidance (in ``dtype``),
+        positions (float32), on ``device``."""
         gen = torch.Generator().manual_seed(0)
         side = int(self.image_tokens**0.5)
         rows, cols = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
-        return {
+        inputs = {
             "hidden_states": torch.randn(1, self.image_tokens, 64, generator=gen),
             "encoder_hidden_states": torch.randn(1, self.text_tokens, 4096, generator=gen),
             "pooled_projections": torch.randn(1, 768, generator=gen),
             "timestep": torch.tensor([0.6]),
             "guidance": torch.tensor([3.5]),
-            "img_ids": torch.stack([torch.zeros_like(rows), rows, cols], -1).reshape(-1, 3).float(),
-            "txt_ids": torch.zeros(self.text_tokens, 3),
+        }
+        return {k: v.to(device, dtype) for k, v in inputs.items()} | {
+            "img_ids": torch.stack([torch.zeros_like(rows), rows, cols], -1).reshape(-1, 3).float().to(device),
+            "txt_ids": torch.zeros(self.text_tokens, 3, device=device),
         }
 
 
@@ -142,21 +146,40 @@ class BlockCosts:
         return self.priced({"full": full, "cached": steps - full})
 
 
-def measure(config: Config, rounds: int, log, whole: bool = False) -> BlockCosts:
-    inputs = config.inputs()
-    outside = config.model()
-    with torch.no_grad():  # the blocks' inputs, as the model hands them on
+def blocks(
+    config: Config, device: Device = "cpu", dtype: torch.dtype = torch.float32
+) -> tuple[torch.nn.Module, torch.nn.Module, dict[str, torch.Tensor]]:
+    """One double- and one single-stream block at ``config``'s width (random weights), and the keyword arguments the
+    model hands its blocks for :meth:`Config.inputs`: the image and text streams, the time embedding, the RoPE; all
+    on ``device`` in ``dtype``."""
+    inputs = config.inputs(device, dtype)
+    outside = config.model().to(device, dtype)
+    with torch.no_grad():
         temb = outside.time_text_embed(
             inputs["timestep"] * 1000, inputs["guidance"] * 1000, inputs["pooled_projections"]
         )
-        img = outside.x_embedder(inputs["hidden_states"])
-        txt = outside.context_embedder(inputs["encoder_hidden_states"])
-        rope = outside.pos_embed(torch.cat([inputs["txt_ids"], inputs["img_ids"]]))
-    one = config.model(double=1, single=1)
-    double, single = one.transformer_blocks[0], one.single_transformer_blocks[0]
+        kwargs = {
+            "hidden_states": outside.x_embedder(inputs["hidden_states"]),
+            "encoder_hidden_states": outside.context_embedder(inputs["encoder_hidden_states"]),
+            "temb": temb,
+            "image_rotary_emb": outside.pos_embed(torch.cat([inputs["txt_ids"], inputs["img_ids"]])),
+        }
+    one = config.model(double=1, single=1).to(device, dtype)
+    return one.transformer_blocks[0], one.single_transformer_blocks[0], kwargs
+
+
+def measure(
+    config: Config, rounds: int, log, whole: bool = False, device: Device = "cpu", dtype: torch.dtype = torch.float32
+) -> BlockCosts:
+    """Seconds of every kind at ``config``, ``rounds`` interleaved rounds after a warm-up (``whole``: the whole model's
+    forward too), on ``device`` in ``dtype`` (CUDA: GPU time from events)."""
+    device = torch.device(device)
+    inputs = config.inputs(device, dtype)
+    outside = config.model().to(device, dtype)
+    double, single, block_kwargs = blocks(config, device, dtype)
     gen = torch.Generator().manual_seed(1)
     tokens = config.image_tokens + config.text_tokens
-    states = [torch.randn(1, tokens, config.hidden, generator=gen) for _ in range(3)]
+    states = [torch.randn(1, tokens, config.hidden, generator=gen).to(device, dtype) for _ in range(3)]
     linear, calibrated = Track("linear"), Track("calibrated")
     for i in range(2):
         linear.add(torch.tensor(0.9 - 0.1 * i), states[i])
@@ -164,33 +187,33 @@ def measure(config: Config, rounds: int, log, whole: bool = False) -> BlockCosts
 
     def calibration() -> None:
         fresh = Track("calibrated")
-        fresh.time, fresh.deep, fresh.probe = torch.tensor(0.8), states[0], calibrated.probe
+        fresh.time, fresh.deep, fresh.probe = torch.tensor(0.8, device=device), states[0], calibrated.probe
         fresh.add(torch.tensor(0.7), states[2], states[2])
 
     def signal() -> None:
         rel_l1(states[2][..., ::4, ::4], states[1][..., ::4, ::4])
 
     work = {
-        "double": lambda: double(hidden_states=img, encoder_hidden_states=txt, temb=temb, image_rotary_emb=rope),
-        "single": lambda: single(hidden_states=img, encoder_hidden_states=txt, temb=temb, image_rotary_emb=rope),
+        "double": lambda: double(**block_kwargs),
+        "single": lambda: single(**block_kwargs),
         "outside": lambda: outside(**inputs, return_dict=False),
         "forecast": lambda: linear.predict(torch.tensor(0.7)),
         "calibrated": lambda: calibrated.predict(torch.tensor(0.7), states[2]),
         "calibration": calibration,
         "signal": signal,
     }
-    model = config.model(config.double, config.single) if whole else None
+    model = config.model(config.double, config.single).to(device, dtype) if whole else None
     out = BlockCosts(asdict(config))
     with torch.no_grad():
         for fn in work.values():
             fn()  # warm-up
         for r in range(rounds):
             for kind in KINDS:
-                with Timer(torch.device("cpu")) as timer:
+                with Timer(device) as timer:
                     work[kind]()
                 out.seconds.setdefault(kind, []).append(timer.cpu)
             if model is not None:
-                with Timer(torch.device("cpu")) as timer:
+                with Timer(device) as timer:
                     model(**inputs, return_dict=False)
                 out.whole.append(timer.cpu)
             log(f"  {config.name}: round {r + 1}/{rounds} done")
@@ -207,6 +230,15 @@ def section(results: list[BlockCosts], meta: dict) -> str:
         "random weights, one image; seconds of process CPU time, and as a fraction of a full step (the model's outside "
         "and all its double- and single-stream blocks: FLUX.1's 19 and 38).",
         "",
+        *tables(results),
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def tables(results: list[BlockCosts]) -> list[str]:
+    """The costs and the speed-ups derived from them (seconds of whatever clock measured them)."""
+    lines = [
         "| configuration | full step | " + " | ".join(KINDS) + " |",
         "|---|---:|" + "---:|" * len(KINDS),
     ]
@@ -227,7 +259,7 @@ def section(results: list[BlockCosts], meta: dict) -> str:
         check = f"{r.full_step() / statistics.median(r.whole):.3f}" if r.whole else "—"
         speeds = " | ".join(f"{r.speedup(n):.2f}×" for n in INTERVALS)
         lines.append(f"| {r.blocks.name} | {r.cached_step() / r.full_step():.4f} | {speeds} | {check} |")
-    return "\n".join([*lines, END])
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:

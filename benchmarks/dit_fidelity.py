@@ -132,10 +132,20 @@ def _euler(model: flux.FluxLayout, noise: torch.Tensor, labels: torch.Tensor, st
     return flux.euler(velocity, noise.clone(), schedule, progress)
 
 
-def sample(model: flux.FluxLayout, noise: torch.Tensor, labels: torch.Tensor, steps: int, mode: Mode | None = None):
+def sample(
+    model: flux.FluxLayout,
+    noise: torch.Tensor,
+    labels: torch.Tensor,
+    steps: int,
+    mode: Mode | None = None,
+    short_passes: bool = False,
+):
     """One sampling run (``mode`` applied to the transformer for it, removed after): the samples and the pass's steps
-    (full, cached)."""
+    (full, cached). ``short_passes``: the cache caches a pass too short for a forecast as well, instead of standing
+    aside (:func:`tome_core.schedule.too_short`; to measure what it would do)."""
     patch = None if mode is None else tome_core.apply_settings(model.transformer, mode.settings())
+    if patch is not None and patch.cache is not None:
+        patch.cache.short_passes = short_passes
     try:
         progress = None if patch is None else (lambda i, n: patch.set_progress(i / n, n))
         out = _euler(model, noise, labels, steps, progress)

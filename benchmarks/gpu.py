@@ -13,7 +13,8 @@ Part 1, the suite (seconds per UNet forward, every variant of ``suite.REAL_VARIA
 1024 and 2048 px and SDXL at 1024 and 2048 px, cond + uncond batched. Part 2, the sampling table
 (benchmarks/sampling.py: Euler, CFG, 20 steps) on SD1.5 at 512, 1024, 1536 and 2048 px. Part 3, the step cache
 (benchmarks/cache.py: a full and a cached step of every mode, and the 20-step speed-up they give) on SD1.5 at 512 and
-1024 px and SDXL at 1024 px.
+1024 px and SDXL at 1024 px. Part 4, FLUX.1 at its real width (1024 px) in bfloat16, block by block: what the step cache
+saves there (benchmarks/dit_costs.py) and what token merging of the image tokens saves (benchmarks/dit_merge.py).
 Writes the GPU section of benchmarks/RESULTS.md (``--results`` for another file) from
 benchmarks/runs/gpu.json.
 """
@@ -28,8 +29,8 @@ from pathlib import Path
 import torch
 
 from benchmarks import cache as C
+from benchmarks import dit_costs, dit_merge, sampling
 from benchmarks import results as R
-from benchmarks import sampling
 from benchmarks import suite as S
 from benchmarks import timing as T
 
@@ -49,6 +50,8 @@ STEPS, ROUNDS, SAMPLING_ROUNDS, WARMUP_STEPS = 20, 3, 2, 2
 DRY_SUITE = (S.Config("sd15", 64, 32, 2), S.Config("sdxl", 64, 32, 2))
 DRY_SIZES, DRY_STEPS, DRY_ROUNDS = (64, 96, 128, 160), 2, 1
 DRY_CACHE = DRY_SUITE
+FLUX, DRY_FLUX = dit_costs.REAL, dit_costs.QUICK
+FLUX_DTYPE = torch.bfloat16  # FLUX's own weights and the dtype its users run it in
 # --estimate: sustained float16 throughput assumed for a UNet forward on an H100/H200 (about 20% of the
 # dense tensor-core peak, ~990 TFLOP/s), a floor per forward for kernel launches at small sizes, and the
 # time to build and move the two models
@@ -117,6 +120,14 @@ def estimate(rounds: int = ROUNDS, sampling_rounds: int = SAMPLING_ROUNDS, steps
             f"step cache {config.name} batch {config.batch}: {work[-1][1] / 1e12:.1f} TFLOP/forward x {work[-1][0]}"
         )
 
+    with torch.device("meta"):
+        double, single, kwargs = dit_costs.blocks(FLUX, "meta", FLUX_DTYPE)
+    for block in (double, single):  # dit_costs and each of dit_merge's 7 (plain too): a warm-up and the rounds
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            block(**kwargs)
+        work.append((8 * (rounds + 1), float(counter.get_total_flops())))
+        lines.append(f"FLUX.1 {type(block).__name__}: {work[-1][1] / 1e12:.1f} TFLOP/forward x {work[-1][0]}")
+
     def minutes(rate: float) -> float:
         return (BUILD_S + sum(n * max(f / rate, FORWARD_FLOOR_S) for n, f in work)) / 60
 
@@ -153,7 +164,11 @@ def suite_table(result: S.Result, clock: str) -> str:
 
 
 def section(
-    results: list[S.Result], samples: list[sampling.SamplingResult], meta: dict, caches: list[C.StepCosts] = ()
+    results: list[S.Result],
+    samples: list[sampling.SamplingResult],
+    meta: dict,
+    caches: list[C.StepCosts] = (),
+    flux: dict | None = None,
 ) -> str:
     clock = "CUDA events" if meta["device"] != "CPU" else "CPU time"
     anchor = ", ".join(f"{v:.2f}× at {px} px" for px, v in PUBLISHED.items())
@@ -184,9 +199,37 @@ def section(
             C.targets(caches) or "- (no real-width configuration in this run)",
             "",
             *[C.costs_table(c, clock=clock) + "\n" for c in caches],
+            *(flux_tables(flux, clock) if flux else []),
             END,
         ]
     )
+
+
+def flux_tables(flux: dict, clock: str) -> list[str]:
+    """Part 4: FLUX.1's blocks, the step cache's costs and speed-ups, token merging's block costs."""
+    costs = dit_costs.BlockCosts(**flux["costs"])
+    return [
+        f"### FLUX.1 at its real width ({flux['dtype']}): the step cache and token merging",
+        "",
+        f"diffusers' FLUX blocks with random weights, one image ({costs.blocks.image_tokens} image + "
+        f"{costs.blocks.text_tokens} text tokens); seconds from {clock}, as a fraction of a full step. As "
+        "`benchmarks.dit_costs` and `benchmarks.dit_merge` measure them on the CPU.",
+        "",
+        *dit_costs.tables([costs]),
+        "",
+        *dit_merge.speed_table(dit_merge.Prices(**flux["merge"])),
+        "",
+    ]
+
+
+def measure_flux(config: dit_costs.Config, rounds: int, log, device: torch.device, dtype: torch.dtype) -> dict:
+    """Part 4's measurements (see :func:`flux_tables`)."""
+    costs = dit_costs.measure(config, rounds, log, device=device, dtype=dtype)
+    seconds = dit_merge.measure(config, rounds, log, device, dtype)
+    for kind in dit_costs.KINDS[:2]:
+        log(f"  FLUX.1 {kind} block: {1000 * costs.cost(kind):.1f} ms")
+    prices = dit_merge.prices(seconds, config, costs)
+    return {"dtype": str(dtype).removeprefix("torch."), "costs": vars(costs), "merge": vars(prices)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -243,6 +286,10 @@ def main(argv: list[str] | None = None) -> None:
     for config in DRY_CACHE if args.dry_run else CACHE_SUITE:
         log(f"step cache {config.name}: {config.width}, batch {config.batch}")
         caches.append(C.measure_steps(config, rounds if args.dry_run else CACHE_ROUNDS, log, unet=model(config)))
+    models.clear()
+    log(f"FLUX.1 blocks: {(DRY_FLUX if args.dry_run else FLUX).name}")
+    flux_dtype = dtype if args.dry_run else FLUX_DTYPE
+    flux = measure_flux(DRY_FLUX if args.dry_run else FLUX, rounds, log, device, flux_dtype)
     meta = R.run_meta(argparse.Namespace(threads=torch.get_num_threads()), rounds, time.perf_counter() - start)
     meta |= {
         "attention": attention_backend(device),
@@ -256,11 +303,12 @@ def main(argv: list[str] | None = None) -> None:
             "suite": [r.to_json() for r in results],
             "sampling": [sampling.to_json(s) for s in samples],
             "cache": [vars(c) for c in caches],
+            "flux": flux,
         },
         meta,
         args.runs,
     )
-    text = section(results, samples, meta, caches)
+    text = section(results, samples, meta, caches, flux)
     print(text)
     R.write_section(text, BEGIN, END, args.results)
     log(f"wrote the GPU section of {args.results}")

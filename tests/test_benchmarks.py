@@ -18,7 +18,7 @@ from models import make_unet
 from test_host_reads import host_reads
 
 import tome_core
-from benchmarks import cache, cache_costs, forge, gpu, sampler, sampling, suite, timing
+from benchmarks import cache, cache_costs, dit_merge, forge, gpu, sampler, sampling, suite, timing
 from benchmarks.cache_costs import ExtraCosts
 from benchmarks.results import load_run_data, write_section
 
@@ -78,6 +78,13 @@ def test_gpu_command_dry_run_writes_its_section(dry_run):
         assert columns[:2] == [f"full step {unit}", f"cached step {unit}"] and len(rows) == 2 + len(cache.TOME)
     assert len(data["results"]["cache"]) == len(gpu.DRY_CACHE)
     assert [s["px"] for s in data["results"]["sampling"]] == list(gpu.DRY_SIZES)
+    # FLUX.1's blocks: the step cache's costs and token merging's, every merge with the speed-up of a step
+    columns, rows = _table(text, "| configuration | full step |")
+    assert list(rows) == [gpu.DRY_FLUX.name] and columns[1:3] == ["double", "single"]
+    columns, rows = _table(text, "| merging |")
+    assert next(iter(rows)) == "plain" and len(rows) == 1 + len(dit_merge.WHERE) * len(dit_merge.RATIOS)
+    assert all(row[-1].endswith("×") for row in rows.values())
+    assert set(data["results"]["flux"]) == {"dtype", "costs", "merge"}
 
 
 def _table(text: str, header: str) -> tuple[list[str], dict[str, list[str]]]:

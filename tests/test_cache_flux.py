@@ -100,6 +100,32 @@ def test_the_cache_acts_and_leaves_the_model_bit_identical(model, forecast):
     assert all(torch.equal(a, b) for a, b in zip(_run(model, calls), plain))
 
 
+@pytest.mark.parametrize("steps, cached", [(4, 0), (5, 2), (None, 2)])
+def test_a_pass_too_short_for_a_forecast_runs_in_full_and_says_so(model, steps, cached):
+    """At N=2 a 4-step pass caches only step 1, before its second full step: it could only reuse step 0's residual,
+    which lost to plain with fewer steps (``benchmarks.dit_steps``), so it runs in full; a 5-step pass caches (step 3
+    gets a forecast), and so does a pass whose step count nobody reported."""
+    calls = _calls(model, (0.9, 0.8, 0.7, 0.6, 0.5)[: steps or 5])
+    t = model.transformer
+    plain = _run(model, calls)
+    patch = tome_core.apply_settings(t, ToMeSettings(ratio=0.0, cache=True, cache_interval=2))  # auto: linear
+    try:
+        outs = []
+        with torch.no_grad():
+            for i, kwargs in enumerate(calls):
+                if steps is not None:
+                    patch.set_progress(i / steps, steps)
+                outs.append(t(**kwargs, return_dict=False)[0])
+        report = patch.report()
+    finally:
+        tome_core.remove_patch(t)
+    assert report.cache.cached == cached
+    short = "step cache off: 4 steps are too few to forecast at cache_interval 2 (from 5)"
+    assert (short in report.notes) == (cached == 0)
+    assert all(torch.equal(a, b) for a, b in zip(outs, plain)) == (cached == 0)
+    assert not UNetLayout.transformer and DiffusersFlux.transformer  # the UNets' few-step passes were not measured
+
+
 def test_a_block_swapped_by_another_extension_makes_the_cache_step_aside(model):
     t = model.transformer
     calls = _calls(model)

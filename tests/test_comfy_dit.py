@@ -64,7 +64,17 @@ def test_the_step_cache_node_caches_flux_steps_as_the_core_does_and_leaves_the_p
 def test_with_the_merge_node_too_the_cache_acts_and_the_note_says_nothing_was_merged(console):
     cached = sample([("ToMeStepCache", {})])
     assert torch.equal(sample([("ToMe", {}), ("ToMeStepCache", {})]), cached)
-    assert console()[-1] == f"{ext.NOTE_KEY}: nothing merged (Flux has no UNet transformer blocks)"
+    assert (
+        console()[-1]
+        == f"{ext.NOTE_KEY}: nothing merged (Flux is a diffusion transformer: only the step cache acts on it)"
+    )
+    assert untouched(model())
+
+
+def test_the_merge_node_alone_leaves_flux_as_it_is_and_names_the_step_cache(console):
+    assert torch.equal(sample([("ToMe", {})]), sample())
+    expected = "nothing merged (Flux is a diffusion transformer: only the step cache acts on it, and it is off)"
+    assert console()[-1] == f"{ext.NOTE_KEY}: {expected}"
     assert untouched(model())
 
 
@@ -97,9 +107,17 @@ def test_wan_video_with_cfg_is_cached_per_stream_and_the_plain_video_follows(con
     assert untouched(module) and torch.equal(wan(), plain)
 
 
-def test_wan_2_2s_two_experts_each_start_with_a_fresh_cache(console):
+@pytest.mark.parametrize(
+    "steps, each",
+    [
+        (12, ["4 full, 2 cached"] * 2),
+        (8, ["4 full, 0 cached"] * 2),  # 4 steps an expert at N=2: its cached step could only reuse the first
+    ],
+)
+def test_wan_2_2s_two_experts_each_start_with_a_fresh_cache(console, steps, each):
     """Wan 2.2: the high-noise expert samples the first steps, the low-noise expert (another model) the rest, each
-    with the step cache: each pass begins with full steps of its own."""
+    with the step cache: each pass begins with full steps of its own; a pass too short for a forecast runs in full
+    and says so (a 4-step lightx2v chain of 2 + 2 alike)."""
     wf = ch.txt2img(
         "wan",
         [("ToMeStepCache", {"cache_interval": 2, "cache_schedule": "uniform"})],
@@ -111,10 +129,10 @@ def test_wan_2_2s_two_experts_each_start_with_a_fresh_cache(console):
         "inputs": {"model": ["12", 0], "cache_interval": 2, "cache_schedule": "uniform"},
     }
     base = {k: v for k, v in wf["5"]["inputs"].items() if k not in ("seed", "denoise")}
-    passes = {"noise_seed": 1, "return_with_leftover_noise": "enable", "steps": 8}
+    passes = {"noise_seed": 1, "return_with_leftover_noise": "enable", "steps": steps}
     wf["5"] = {
         "class_type": "KSamplerAdvanced",
-        "inputs": {**base, **passes, "add_noise": "enable", "start_at_step": 0, "end_at_step": 4},
+        "inputs": {**base, **passes, "add_noise": "enable", "start_at_step": 0, "end_at_step": steps // 2},
     }
     wf["6"] = {
         "class_type": "KSamplerAdvanced",
@@ -124,11 +142,13 @@ def test_wan_2_2s_two_experts_each_start_with_a_fresh_cache(console):
             "model": ["13", 0],
             "add_noise": "disable",
             "latent_image": ["5", 0],
-            "start_at_step": 4,
-            "end_at_step": 8,
+            "start_at_step": steps // 2,
+            "end_at_step": steps,
         },
     }
     ch.run(wf)
-    steps = [line for line in console() if "ToMe cache steps" in line]
-    assert [line.rsplit("ToMe cache steps: ", 1)[1] for line in steps] == ["3 full, 1 cached", "3 full, 1 cached"]
+    reported = [line for line in console() if "ToMe cache steps" in line]
+    assert [line.rsplit("ToMe cache steps: ", 1)[1] for line in reported] == each
+    short = "step cache off: 4 steps are too few to forecast at cache_interval 2 (from 5)"
+    assert (short in console()[-1]) == (steps == 8)
     assert untouched(ch.base_model("wan").diffusion_model) and untouched(ch.base_model("wan_low").diffusion_model)

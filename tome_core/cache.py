@@ -40,7 +40,7 @@ from torch import nn
 
 from .families import Layout, layout_for
 from .forecast import Track
-from .schedule import Refresh
+from .schedule import Refresh, too_short
 from .settings import ToMeSettings
 from .steps import Call
 
@@ -152,6 +152,8 @@ class StepCache:
         self._steps: list[dict[int, bool]] = []  # per sampling pass: step -> whether a call of it ran in full
         self.refresh: Callable[[ToMeSettings], Refresh] = Refresh
         """Makes each stream's schedule (a benchmark may put another rule of the same interface here)."""
+        self.short_passes = False
+        """Whether a transformer's pass too short for a forecast is cached too (a benchmark's measurement of it)."""
         self._originals: list[_Replaced] = []
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._full = self._cached = 0
@@ -229,6 +231,13 @@ class StepCache:
         if not self._intact():
             self._note("step cache off: another extension replaced the UNet's blocks")
             self._streams.clear()  # what was cached came from other blocks
+            self._count(call, full=True)
+            return
+        if self.layout.transformer and not self.short_passes and too_short(self.settings, call.steps):
+            n = self.settings.cache_interval
+            self._note(
+                f"step cache off: {call.steps} steps are too few to forecast at cache_interval {n} (from {n + 3})"
+            )
             self._count(call, full=True)
             return
         key = (call.index, call.chunk)

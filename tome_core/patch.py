@@ -67,6 +67,7 @@ from torch import nn
 from . import merge as tm
 from . import neighbours
 from .cache import CacheReport, ControlFollower, StepCache
+from .families import is_transformer
 from .settings import ToMeSettings
 from .steps import StepClock, unet_input
 
@@ -181,6 +182,8 @@ class MergeReport:
       …), counted where ToMe would have changed them.
     * ``cache``: the step cache's report (calls run in full and cached, where it stepped aside), when it is on.
     * ``model``: what the notes call the model (the class of the object the host passed: Forge's engine ``Flux``).
+    * ``transformer``: the model is a diffusion transformer the step cache knows (token merging does not act on it:
+      ``benchmarks.dit_merge`` measured it losing to the cache at every speed).
     """
 
     blocks: int
@@ -193,6 +196,7 @@ class MergeReport:
     cache: CacheReport | None = None  # the step cache's calls and notes, when it is on
     model: str = "this model"
     merging: bool = True  # merging was asked for (ratio > 0): only then is "nothing merged" a shortfall
+    transformer: bool = False
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -200,6 +204,12 @@ class MergeReport:
         cache = self.cache.notes if self.cache is not None else ()
         if self.blocks == 0 and not self.merging:
             return cache
+        if self.blocks == 0 and self.transformer:
+            off = "" if self.cache is not None else ", and it is off"
+            return (
+                f"nothing merged ({self.model} is a diffusion transformer: only the step cache acts on it{off})",
+                *cache,
+            )
         if self.blocks == 0:
             return (f"nothing merged ({self.model} has no UNet transformer blocks)", *cache)
         of = f"of {self.blocks} blocks"
@@ -668,6 +678,7 @@ class Patch:
             cache=None if self.cache is None else self.cache.report(),
             model=self.name,
             merging=self.settings.merges,
+            transformer=not self.blocks and is_transformer(self.root),
         )
 
     def reset_report(self) -> None:

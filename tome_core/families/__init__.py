@@ -27,6 +27,12 @@ def layout_for(root: nn.Module, branch: int) -> Layout | None:
     return None
 
 
+def is_transformer(root: nn.Module) -> bool:
+    """Whether ``root`` is a diffusion transformer a family knows (its blocks are the step cache's, not ToMe's)."""
+    layout = layout_for(root, 0)
+    return layout is not None and layout.transformer
+
+
 __all__ = [
     "FAMILIES",
     "BflFlux",
@@ -36,5 +42,6 @@ __all__ = [
     "DiffusersFlux",
     "Layout",
     "UNetLayout",
+    "is_transformer",
     "layout_for",
 ]

@@ -27,6 +27,10 @@ class Layout:
     start: nn.Module
     entry: nn.Module
     skipped: list[nn.Module]
+    transformer: ClassVar[bool] = False
+    """Whether the family is a diffusion transformer's (where token merging does not act: only the step cache; and
+    where the cache stands aside on a pass too short for a forecast, :func:`tome_core.schedule.too_short`, as measured
+    there; the UNets' few-step passes were not)."""
     auto: ClassVar[tuple[str, str]] = ("calibrated", "time")
     """What ``auto`` means on this family: the forecast and the schedule measured best on it (the UNets')."""
 

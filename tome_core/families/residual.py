@@ -50,6 +50,7 @@ class ResidualLayout(Layout):
     entry_arg: ClassVar[str] = "x"
     """The name of the entry's first argument, the image stream."""
 
+    transformer = True
     auto = ("linear", "uniform")
     """On the trained FLUX-layout model (``benchmarks.dit_fidelity``) the linear forecast on the uniform schedule beat
     the UNets' calibrated forecast on the time schedule at every matched speed (by 1.2–2.2 dB)."""
