@@ -1,6 +1,7 @@
-"""Lumina 2 / Z-Image and Qwen-Image as ComfyUI runs them: small doubles of what the step cache's families
-:class:`tome_core.families.ComfyLumina` and :class:`~tome_core.families.ComfyQwenImage` meet there (Wan's is
-``tests/wan_double.py``). Written from reading ComfyUI at ``3cd7b32f`` (v0.8.0); no code copied:
+"""Lumina 2 / Z-Image, Qwen-Image and SD3 / SD3.5 as ComfyUI runs them: small doubles of what the step cache's families
+:class:`tome_core.families.ComfyLumina`, :class:`~tome_core.families.ComfyQwenImage` and
+:class:`~tome_core.families.ComfyMMDiT` meet there (Wan's is ``tests/wan_double.py``). Written from reading ComfyUI at
+``3cd7b32f`` (v0.8.0); no code copied:
 
 - ``NextDiT.forward(x, timesteps, context, num_tokens, attention_mask=None, **kwargs)`` (``comfy/ldm/lumina/model.py``
   l.599-660): ``t = 1 - timesteps`` (the sigma) embedded; the caption refined by ``context_refiner`` and the image
@@ -14,6 +15,12 @@
   ``timestep_zero_index=``, ``transformer_options=`` and returning ``(encoder_hidden_states, hidden_states)``; a
   ControlNet's ``control["input"][i]`` added in place after block ``i``; ``norm_out(hidden_states, temb)``,
   ``proj_out``, unpacked.
+- ``OpenAISignatureMMDITWrapper.forward(x, timesteps, context=None, y=None, control=None, transformer_options={})``
+  (``comfy/ldm/modules/diffusionmodules/mmdit.py`` l.937-1037, SD3 and SD3.5): ``x_embedder`` (patches, plus the
+  position embedding), ``t_embedder(timesteps)`` (the sigma times 1000) plus ``y_embedder(y)``, ``context_embedder``;
+  every joint block called ``block(context, x, c=, use_checkpoint=, transformer_options=)`` returning ``(context, x)``
+  (the last one, ``pre_only``, returns no context), a ControlNet's ``control["output"][i]`` added in place after
+  block ``i``; ``final_layer(x, c)``, unpatchified.
 
 Left out: RoPE, masks, reference latents, the blocks' exact modulation (an adaLN of the same shape stands in).
 """
@@ -183,3 +190,41 @@ class QwenImageTransformer2DModel(nn.Module):
                 hidden[:, : add.shape[1]] += add
         out = self.proj_out(self.norm_out(hidden, temb))
         return out.reshape(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, 1, h, w)
+
+
+class JointBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, pre_only: bool):
+        super().__init__()
+        self.context_block, self.x_block = _Mixer(dim, heads), _Mixer(dim, heads)
+        self.pre_only = pre_only
+
+    def forward(self, context, x, c=None, use_checkpoint=False, transformer_options={}):  # noqa: B006 (the host's)
+        img = self.x_block(x + context.mean(1, keepdim=True), c)  # the joint attention's mixing, in short
+        return (None if self.pre_only else self.context_block(context + x.mean(1, keepdim=True), c)), img
+
+
+class OpenAISignatureMMDITWrapper(nn.Module):
+    """``comfy.ldm.modules.diffusionmodules.mmdit.OpenAISignatureMMDITWrapper`` (SD3, SD3.5) at small width."""
+
+    def __init__(self, in_channels=4, dim=32, heads=2, blocks=4, context_dim=32, seed=0):
+        super().__init__()
+        self.x_embedder = nn.Linear(in_channels * 4, dim)
+        self.t_embedder = nn.Sequential(nn.Linear(64, dim), nn.SiLU(), nn.Linear(dim, dim))
+        self.context_embedder = nn.Linear(context_dim, dim)
+        self.joint_blocks = nn.ModuleList(JointBlock(dim, heads, pre_only=i == blocks - 1) for i in range(blocks))
+        self.final_layer = FinalLayer(dim, in_channels * 4)
+        _init(self, seed)
+
+    def forward(self, x, timesteps, context=None, y=None, control=None, transformer_options={}, **kwargs):  # noqa: B006
+        b, ch, h, w = x.shape
+        tokens = self.x_embedder(
+            x.reshape(b, ch, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, -1, ch * 4)
+        )
+        c = self.t_embedder(_embed(timesteps, 64))
+        context = self.context_embedder(context)
+        for i, block in enumerate(self.joint_blocks):
+            context, tokens = block(context, tokens, c=c, use_checkpoint=False, transformer_options=transformer_options)
+            if control is not None and i < len(control.get("output", ())) and control["output"][i] is not None:
+                tokens += control["output"][i]
+        out = self.final_layer(tokens, c)
+        return out.reshape(b, h // 2, w // 2, ch, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, ch, h, w)

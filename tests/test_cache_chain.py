@@ -1,16 +1,16 @@
 """The step cache on the one-chain diffusion transformers as ComfyUI runs them (issue 26): ``tome_core.families.chain``
 on the doubles of Wan (``tests/wan_double.py``: cross-attention, CFG as cond/uncond streams, video latents), Lumina 2 /
-Z-Image and Qwen-Image (``tests/chain_doubles.py``)."""
+Z-Image, Qwen-Image and SD3 / SD3.5 (``tests/chain_doubles.py``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from chain_doubles import NextDiT, QwenImageTransformer2DModel
+from chain_doubles import NextDiT, OpenAISignatureMMDITWrapper, QwenImageTransformer2DModel
 from wan_double import WanModel
 
 import tome_core
-from tome_core.families import ComfyLumina, ComfyQwenImage, ComfyWan, layout_for
+from tome_core.families import ComfyLumina, ComfyMMDiT, ComfyQwenImage, ComfyWan, layout_for
 from tome_core.settings import SettingsError, ToMeSettings
 
 OFF = ToMeSettings(ratio=0.0, cache=True, cache_interval=2, cache_forecast="off", cache_schedule="uniform")
@@ -90,10 +90,16 @@ def _qwen(model, i, s):
     return (x, torch.full((2,), s), torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))), {}
 
 
+def _mmdit(model, i, s):
+    x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(1)) + 0.1 * i
+    return (x, torch.full((2,), 1000 * s), torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))), {}
+
+
 CHAINS = {
     "wan": (WanModel, ComfyWan, "blocks", "head", _wan),
     "lumina": (NextDiT, ComfyLumina, "layers", "final_layer", _lumina),
     "qwen": (QwenImageTransformer2DModel, ComfyQwenImage, "transformer_blocks", "norm_out", _qwen),
+    "mmdit": (OpenAISignatureMMDITWrapper, ComfyMMDiT, "joint_blocks", "final_layer", _mmdit),
 }
 
 
@@ -151,3 +157,34 @@ def test_each_chain_family_is_found_caches_and_leaves_the_model_bit_identical(ch
     assert all("forward" not in m.__dict__ for m in model.modules())
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
     assert all(torch.equal(a, b) for a, b in zip(_steps(chain), plain))
+
+
+def test_sd3s_controlnet_residuals_of_skipped_blocks_come_from_the_forecast_and_the_probes_stay_live():
+    """ComfyUI's MMDiT adds a ControlNet's ``control["output"][i]`` in place after joint block ``i``: at a cached step
+    the skipped blocks' residuals are replaced with the forecast, the probe's is added live (as on FLUX)."""
+    model = OpenAISignatureMMDITWrapper(seed=5).eval().requires_grad_(False)
+    gen = torch.Generator().manual_seed(7)
+    control = {"output": [0.5 * torch.randn(2, 16, 32, generator=gen) for _ in range(4)]}
+    sigmas = (0.9, 0.8, 0.7, 0.6)
+
+    def run(at_step_1=None):
+        patch = tome_core.apply_settings(model, OFF)  # N=2 of 4: step 1 cached
+        try:
+            outs = []
+            with torch.no_grad():
+                for i, s in enumerate(sigmas):
+                    patch.set_progress(i / len(sigmas), len(sigmas))
+                    (x, t, ctx), _ = _mmdit(model, i, s)
+                    c = at_step_1 if i == 1 and at_step_1 is not None else control
+                    outs.append(model(x, t, ctx, control=c, transformer_options={}))
+            assert patch.report().cache.cached == 1
+        finally:
+            tome_core.remove_patch(model)
+        return outs
+
+    base = run()
+    later = {"output": [control["output"][0], *(9 * a for a in control["output"][1:])]}
+    assert torch.equal(run(later)[1], base[1])  # the skipped blocks' residuals do not reach a cached step
+    probe = {"output": [9 * control["output"][0], *control["output"][1:]]}
+    assert not torch.equal(run(probe)[1], base[1])  # the probe's does
+    assert all("forward" not in m.__dict__ for m in model.modules())

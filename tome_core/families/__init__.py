@@ -1,8 +1,8 @@
 """Model families: how the step cache finds, in one model, the blocks a cached step skips and where their result
 enters again (:class:`~tome_core.families.base.Layout`). The cache speaks of blocks; a family is an adapter that
 knows one model's layout: the ldm/sgm/Forge/ComfyUI UNets (:mod:`.unet`), diffusers' FLUX transformer (:mod:`.flux`)
-FLUX/Chroma (:mod:`.bfl`) as ComfyUI, Forge and Forge Neo run it, and Wan, Lumina 2/Z-Image and Qwen-Image
-(:mod:`.chain`) as ComfyUI and Forge Neo run them."""
+FLUX/Chroma (:mod:`.bfl`) as ComfyUI, Forge and Forge Neo run it, Wan, Lumina 2/Z-Image and Qwen-Image (:mod:`.chain`)
+as ComfyUI and Forge Neo run them, and SD3/SD3.5 (:mod:`.chain`) as ComfyUI runs it."""
 
 from __future__ import annotations
 
@@ -10,11 +10,19 @@ from torch import nn
 
 from .base import Layout
 from .bfl import BflFlux
-from .chain import ComfyLumina, ComfyQwenImage, ComfyWan
+from .chain import ComfyLumina, ComfyMMDiT, ComfyQwenImage, ComfyWan
 from .flux import DiffusersFlux
 from .unet import UNetLayout
 
-FAMILIES: tuple[type[Layout], ...] = (UNetLayout, DiffusersFlux, BflFlux, ComfyWan, ComfyLumina, ComfyQwenImage)
+FAMILIES: tuple[type[Layout], ...] = (
+    UNetLayout,
+    DiffusersFlux,
+    BflFlux,
+    ComfyWan,
+    ComfyLumina,
+    ComfyQwenImage,
+    ComfyMMDiT,
+)
 
 
 def layout_for(root: nn.Module, branch: int) -> Layout | None:
@@ -37,6 +45,7 @@ __all__ = [
     "FAMILIES",
     "BflFlux",
     "ComfyLumina",
+    "ComfyMMDiT",
     "ComfyQwenImage",
     "ComfyWan",
     "DiffusersFlux",

@@ -11,6 +11,9 @@
   forward names its time ``timesteps``): ``transformer_blocks``, each called
   with ``hidden_states=``, ``encoder_hidden_states=`` and returning ``(encoder_hidden_states, hidden_states)``, a
   ControlNet's residual added in place after each, then ``norm_out(hidden_states, temb)``; the timestep is the sigma.
+* SD3 and SD3.5 (``comfy/ldm/modules/diffusionmodules/mmdit.py`` ``OpenAISignatureMMDITWrapper``, MMDiT):
+  ``joint_blocks``, each ``block(context, x, c=, ...)`` returning ``(context, x)`` (the last one no context), a
+  ControlNet's residual added in place after each, then ``final_layer(x, c)``; the timestep is the sigma times 1000.
 
 A cached pass runs the first ``branch + 1`` blocks and skips the rest up to the output layer (:mod:`.residual`). These
 models run classifier-free guidance: cond and uncond are streams of their own (``cond_or_uncond``), and each model
@@ -84,3 +87,17 @@ class ComfyQwenImage(ChainLayout):
 
     def pass_on(self, index: int, args: tuple, kwargs: dict) -> tuple[Any, Any]:
         return kwargs.get("encoder_hidden_states"), _first(args, kwargs, "hidden_states")
+
+
+class ComfyMMDiT(ChainLayout):
+    """SD3 and SD3.5 (MMDiT) as ComfyUI runs them: joint blocks called with the text stream, then the image stream,
+    returning both."""
+
+    names = ("joint_blocks", "final_layer", "x_embedder")
+    time = (1.0, "timesteps", "t")
+
+    def stream_in(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        return tensor(arg(args, kwargs, 1, "x"))
+
+    def pass_on(self, index: int, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+        return arg(args, kwargs, 0, "context"), self.stream_in(args, kwargs)
