@@ -19,6 +19,11 @@ Written from reading ComfyUI ``comfy/ldm/flux/model.py`` and ``layers.py`` at ``
   (``img += ...``, ``x += ...``): a block changes the tensor it was given.
 - ``timestep_embedding(t, dim, time_factor=1000)``: FLUX takes the flow-matching sigma (0–1) as its timestep.
 
+HunyuanVideo (``comfy/ldm/hunyuan_video/model.py`` ``HunyuanVideo.forward_orig``, l.290-455) runs the same loop with the
+same block calls and names (``img_in``, ``double_blocks``, ``single_blocks``, ``final_layer``), but joins the streams
+image first (``torch.cat((img, txt), 1)``), adds ``control["output"][i]`` to ``img[:, :img_len]`` and cuts
+``img[:, :img_len]``, and its timestep is the sigma times 1000: :class:`HunyuanVideo` below.
+
 Left out: Kontext reference latents, Chroma's approximator and skip lists, guidance-distilled models' ``guidance_in``
 beyond one linear embedder, fp16 clamps, attention masks, ``post_input`` patches.
 """
@@ -185,6 +190,8 @@ class Flux(nn.Module):
 
     WRAPPERS = True
     """Whether ``forward`` runs ComfyUI's ``DIFFUSION_MODEL`` wrappers (Neo's has none)."""
+    IMAGE_FIRST = False
+    """Whether the single-stream blocks' joint stream is the image tokens, then the text's (HunyuanVideo's order)."""
 
     def __init__(
         self, in_channels=4, hidden=32, heads=2, depth=2, depth_single=3, context_dim=32, vec_in_dim=8, seed=0
@@ -237,7 +244,8 @@ class Flux(nn.Module):
             if control is not None and i < len(control.get("input", ())) and control["input"][i] is not None:
                 add = control["input"][i]
                 img[:, : add.shape[1]] += add
-        img = torch.cat((txt, img), 1)
+        start, length = (0 if self.IMAGE_FIRST else txt.shape[1]), img.shape[1]
+        img = torch.cat((img, txt), 1) if self.IMAGE_FIRST else torch.cat((txt, img), 1)
         for i, block in enumerate(self.single_blocks):
             if ("single_block", i) in replace:
                 out = replace[("single_block", i)](
@@ -253,8 +261,8 @@ class Flux(nn.Module):
                 img = block(img, vec=vec, pe=pe, attn_mask=None, transformer_options=transformer_options)
             if control is not None and i < len(control.get("output", ())) and control["output"][i] is not None:
                 add = control["output"][i]
-                img[:, txt.shape[1] : txt.shape[1] + add.shape[1], ...] += add
-        img = img[:, txt.shape[1] :, ...]
+                img[:, start : start + add.shape[1], ...] += add
+        img = img[:, start : start + length, ...]
         return self.final_layer(img, vec)
 
     def forward(self, x, timestep, context, y=None, guidance=None, control=None, transformer_options={}, **kwargs):  # noqa: B006
@@ -277,3 +285,9 @@ class Flux(nn.Module):
         out = self.forward_orig(img, img_ids, context, txt_ids, timestep, y, guidance, control, transformer_options)
         out = out.reshape(b, h // p, w // p, c, p, p).permute(0, 3, 1, 4, 2, 5)
         return out.reshape(b, c, h, w)
+
+
+class HunyuanVideo(Flux):
+    """``comfy.ldm.hunyuan_video.model.HunyuanVideo``'s loop (see the module) on the same small blocks."""
+
+    IMAGE_FIRST = True

@@ -1,12 +1,12 @@
-"""The step cache on FLUX as ComfyUI and Forge Neo run it (issue 26): Black Forest Labs' layout as a model family
-(``tome_core.families.bfl``), on the double ``tests/bfl_flux_double.py`` (blocks that add in place, ControlNet
-residuals added in place between blocks, ``patches_replace["dit"]``)."""
+"""The step cache on FLUX as ComfyUI and Forge Neo run it, and on HunyuanVideo as ComfyUI runs it (issue 26): Black
+Forest Labs' layout as a model family (``tome_core.families.bfl``), on the double ``tests/bfl_flux_double.py`` (blocks
+that add in place, ControlNet residuals added in place between blocks, ``patches_replace["dit"]``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from bfl_flux_double import Flux
+from bfl_flux_double import Flux, HunyuanVideo
 
 import tome_core
 from tome_core.families import BflFlux, layout_for
@@ -15,9 +15,10 @@ from tome_core.settings import SettingsError, ToMeSettings
 OFF = ToMeSettings(ratio=0.0, cache=True, cache_interval=2, cache_forecast="off", cache_schedule="uniform")
 
 
-@pytest.fixture(scope="module")
-def model():
-    return Flux(seed=3).eval().requires_grad_(False)
+@pytest.fixture(scope="module", params=[Flux, HunyuanVideo])
+def model(request):
+    """FLUX's loop, and HunyuanVideo's (the same blocks and names, the streams joined image first)."""
+    return request.param(seed=3).eval().requires_grad_(False)
 
 
 def _calls(sigmas=(0.9, 0.8, 0.7, 0.6), control=None):

@@ -1,5 +1,7 @@
 """FLUX and Chroma in Black Forest Labs' reference layout, as ComfyUI (``comfy/ldm/flux/model.py``,
-``comfy/ldm/chroma/model.py``) and Forge Neo (``backend/nn/flux.py``, ``chroma.py``) run them.
+``comfy/ldm/chroma/model.py``) and Forge Neo (``backend/nn/flux.py``, ``chroma.py``) run them, and HunyuanVideo, whose
+ComfyUI loop (``comfy/ldm/hunyuan_video/model.py``) is the same but joins the streams image first and takes the sigma
+times 1000 as its timestep (the probe is a double-stream block, so the order of the joint stream never matters).
 
 ``forward(x, timestep, context, ...)`` takes the latent and the flow-matching sigma (0–1) as the timestep;
 ``forward_orig`` runs the double-stream blocks (``double_blocks``: ``block(img=, txt=, vec=, pe=, ...)`` returns
