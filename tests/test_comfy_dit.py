@@ -152,3 +152,14 @@ def test_wan_2_2s_two_experts_each_start_with_a_fresh_cache(console, steps, each
     short = "step cache off: 4 steps are too few to forecast at cache_interval 2 (from 5)"
     assert (short in console()[-1]) == (steps == 8)
     assert untouched(ch.base_model("wan").diffusion_model) and untouched(ch.base_model("wan_low").diffusion_model)
+
+
+@pytest.mark.parametrize("lora_first", [True, False])
+def test_a_flux_lora_before_or_after_the_cache_node_acts_the_same_and_is_taken_off_after(lora_first):
+    lora = ("LoraLoaderModelOnly", {"lora_name": "flux_lora", "strength_model": 1.0})
+    cache = ("ToMeStepCache", {})
+    plain = sample()
+    with_lora = sample([lora, cache] if lora_first else [cache, lora])
+    assert not torch.equal(with_lora, sample([cache])) and not torch.equal(with_lora, sample([lora]))
+    assert torch.equal(sample([cache, lora] if lora_first else [lora, cache]), with_lora)
+    assert torch.equal(sample(), plain) and untouched(model())

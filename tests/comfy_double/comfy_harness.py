@@ -51,7 +51,8 @@ def control_model() -> torch.nn.Module:
 
 
 def start(*custom_nodes: str) -> None:
-    """A fresh start: the built-in nodes, the checkpoints, a ControlNet and a LoRA, then each custom node folder."""
+    """A fresh start: the built-in nodes, the checkpoints, a ControlNet and a LoRA each for SD1.5 and FLUX, then each
+    custom node folder."""
     nodes.init_builtin_nodes()
     model_management.unload_all_models()
     model_management.interrupt_current_processing(False)
@@ -64,6 +65,12 @@ def start(*custom_nodes: str) -> None:
         f"diffusion_model.{name}": 0.05 * torch.randn(p.shape, generator=gen)
         for name, p in unet.named_parameters()
         if name.endswith(("attn1.to_q.weight", "attn2.to_k.weight"))
+    }
+    flux = base_model("flux1").diffusion_model
+    nodes.LORAS["flux_lora"] = {
+        f"diffusion_model.{name}": 0.05 * torch.randn(p.shape, generator=gen)
+        for name, p in flux.named_parameters()
+        if name.endswith(("img_attn.qkv.weight", "linear1.weight"))
     }
     builtin = set(nodes.NODE_CLASS_MAPPINGS)
     for path in custom_nodes:
