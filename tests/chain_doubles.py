@@ -1,6 +1,6 @@
-"""Lumina 2 / Z-Image, Qwen-Image and SD3 / SD3.5 as ComfyUI runs them: small doubles of what the step cache's families
-:class:`tome_core.families.ComfyLumina`, :class:`~tome_core.families.ComfyQwenImage` and
-:class:`~tome_core.families.ComfyMMDiT` meet there (Wan's is ``tests/wan_double.py``). Written from reading ComfyUI at
+"""Lumina 2 / Z-Image, Qwen-Image, SD3 / SD3.5 and Cosmos Predict2 as ComfyUI runs them: small doubles of what the step
+cache's families :class:`tome_core.families.ComfyLumina`, :class:`~tome_core.families.ComfyQwenImage`,
+:class:`~tome_core.families.ComfyMMDiT` and :class:`~tome_core.families.ComfyCosmos` meet there (Wan's is ``tests/wan_double.py``). Written from reading ComfyUI at
 ``3cd7b32f`` (v0.8.0); no code copied:
 
 - ``NextDiT.forward(x, timesteps, context, num_tokens, attention_mask=None, **kwargs)`` (``comfy/ldm/lumina/model.py``
@@ -21,6 +21,13 @@
   every joint block called ``block(context, x, c=, use_checkpoint=, transformer_options=)`` returning ``(context, x)``
   (the last one, ``pre_only``, returns no context), a ControlNet's ``control["output"][i]`` added in place after
   block ``i``; ``final_layer(x, c)``, unpatchified.
+- ``MiniTrainDIT._forward(x, timesteps, context, fps=None, padding_mask=None, **kwargs)``
+  (``comfy/ldm/cosmos/predict2.py`` l.829-886, Cosmos Predict2; Forge Neo's Anima, ``backend/nn/anima.py`` l.459-503,
+  is a port of it): a ``(B, C, T, H, W)`` latent patchified by ``x_embedder`` onto a ``(B, T, H, W, D)`` grid,
+  ``t_embedder`` then ``t_embedding_norm``; every block called ``block(x, t_emb, context, rope_emb_L_1_1_D=,
+  adaln_lora_B_T_3D=, extra_per_block_pos_emb=, transformer_options=)`` returning the grid; ``final_layer(x, t_emb,
+  adaln_lora_B_T_3D=)``, unpatchified. Neo's Anima keeps the stream in float32 under a float16 model and hands
+  ``final_layer`` a copy in the context's dtype.
 
 Left out: RoPE, masks, reference latents, the blocks' exact modulation (an adaLN of the same shape stands in).
 """
@@ -228,3 +235,73 @@ class OpenAISignatureMMDITWrapper(nn.Module):
                 tokens += control["output"][i]
         out = self.final_layer(tokens, c)
         return out.reshape(b, h // 2, w // 2, ch, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, ch, h, w)
+
+
+class CosmosBlock(nn.Module):
+    def __init__(self, dim: int, heads: int, context_dim: int):
+        super().__init__()
+        self.mixer, self.cross = _Mixer(dim, heads), nn.Linear(context_dim, dim)
+
+    def forward(
+        self,
+        x_B_T_H_W_D,
+        emb_B_T_D,
+        crossattn_emb,
+        rope_emb_L_1_1_D=None,
+        adaln_lora_B_T_3D=None,
+        extra_per_block_pos_emb=None,
+        transformer_options={},  # noqa: B006 (the host's)
+    ):
+        b, t, h, w, d = x_B_T_H_W_D.shape
+        tokens = x_B_T_H_W_D.reshape(b, t * h * w, d) + self.cross(crossattn_emb).mean(1, keepdim=True)
+        return self.mixer(tokens, emb_B_T_D[:, 0]).reshape(b, t, h, w, d)
+
+
+class CosmosFinalLayer(nn.Module):
+    def __init__(self, dim: int, out: int):
+        super().__init__()
+        self.layer_norm = nn.LayerNorm(dim, elementwise_affine=False)
+        self.linear = nn.Linear(dim, out)
+        self.adaln_modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, dim))
+
+    def forward(self, x_B_T_H_W_D, emb_B_T_D, adaln_lora_B_T_3D=None):
+        scale = self.adaln_modulation(emb_B_T_D)[:, :, None, None]
+        return self.linear(self.layer_norm(x_B_T_H_W_D) * (1 + scale))
+
+
+class MiniTrainDIT(nn.Module):
+    """``comfy.ldm.cosmos.predict2.MiniTrainDIT`` (Cosmos Predict2) at small width."""
+
+    def __init__(self, in_channels=4, dim=32, heads=2, blocks=4, context_dim=32, seed=0):
+        super().__init__()
+        self.x_embedder = nn.Linear(in_channels * 4, dim)
+        self.t_embedder = nn.Sequential(nn.Linear(64, dim), nn.SiLU(), nn.Linear(dim, dim))
+        self.t_embedding_norm = nn.RMSNorm(dim, eps=1e-6)
+        self.blocks = nn.ModuleList(CosmosBlock(dim, heads, context_dim) for _ in range(blocks))
+        self.final_layer = CosmosFinalLayer(dim, in_channels * 4)
+        _init(self, seed)
+
+    def forward(self, x, timesteps, context, fps=None, padding_mask=None, **kwargs):
+        b, c, t, h, w = x.shape
+        grid = (
+            x.reshape(b, c, t, h // 2, 2, w // 2, 2).permute(0, 2, 3, 5, 1, 4, 6).reshape(b, t, h // 2, w // 2, c * 4)
+        )
+        grid = self.x_embedder(grid)
+        emb = self.t_embedding_norm(self.t_embedder(_embed(timesteps, 64)))[:, None]
+        options = kwargs.get("transformer_options", {})
+        for block in self.blocks:
+            grid = block(
+                grid,
+                emb,
+                context,
+                rope_emb_L_1_1_D=None,
+                adaln_lora_B_T_3D=None,
+                extra_per_block_pos_emb=None,
+                transformer_options=options,
+            )
+        out = self.final_layer(self.to_output(grid, context), emb, adaln_lora_B_T_3D=None)
+        return out.reshape(b, t, h // 2, w // 2, c, 2, 2).permute(0, 4, 1, 2, 5, 3, 6).reshape(b, c, t, h, w)
+
+    def to_output(self, grid: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """What ``final_layer`` is handed: the stream itself (ComfyUI's)."""
+        return grid

@@ -1,16 +1,16 @@
 """The step cache on the one-chain diffusion transformers as ComfyUI runs them (issue 26): ``tome_core.families.chain``
 on the doubles of Wan (``tests/wan_double.py``: cross-attention, CFG as cond/uncond streams, video latents), Lumina 2 /
-Z-Image, Qwen-Image and SD3 / SD3.5 (``tests/chain_doubles.py``)."""
+Z-Image, Qwen-Image, SD3 / SD3.5 and Cosmos Predict2 (``tests/chain_doubles.py``)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from chain_doubles import NextDiT, OpenAISignatureMMDITWrapper, QwenImageTransformer2DModel
+from chain_doubles import MiniTrainDIT, NextDiT, OpenAISignatureMMDITWrapper, QwenImageTransformer2DModel
 from wan_double import WanModel
 
 import tome_core
-from tome_core.families import ComfyLumina, ComfyMMDiT, ComfyQwenImage, ComfyWan, layout_for
+from tome_core.families import ComfyCosmos, ComfyLumina, ComfyMMDiT, ComfyQwenImage, ComfyWan, layout_for
 from tome_core.settings import SettingsError, ToMeSettings
 
 OFF = ToMeSettings(ratio=0.0, cache=True, cache_interval=2, cache_forecast="off", cache_schedule="uniform")
@@ -95,11 +95,17 @@ def _mmdit(model, i, s):
     return (x, torch.full((2,), 1000 * s), torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))), {}
 
 
+def _cosmos(model, i, s):
+    x = torch.randn(2, 4, 2, 8, 8, generator=torch.Generator().manual_seed(1)) + 0.1 * i
+    return (x, torch.full((2,), s), torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))), {}
+
+
 CHAINS = {
     "wan": (WanModel, ComfyWan, "blocks", "head", _wan),
     "lumina": (NextDiT, ComfyLumina, "layers", "final_layer", _lumina),
     "qwen": (QwenImageTransformer2DModel, ComfyQwenImage, "transformer_blocks", "norm_out", _qwen),
     "mmdit": (OpenAISignatureMMDITWrapper, ComfyMMDiT, "joint_blocks", "final_layer", _mmdit),
+    "cosmos": (MiniTrainDIT, ComfyCosmos, "blocks", "final_layer", _cosmos),
 }
 
 

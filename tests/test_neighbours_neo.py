@@ -42,7 +42,10 @@ def test_first_block_cache_on_anima_takes_the_steps_and_on_sd15_skips_so_ours_ca
     args = with_script(txt, tome_args(txt, cache=True), "First Block Cache Integrated", True, 0.1, 3, 20)
     res, (spy,) = generate(txt, args, [anima], steps=4)
     assert "fbcache: 0.1/3/20" in res.infotexts[0]
-    assert "nothing merged (Anima has no UNet transformer blocks)" in res.infotexts[0]
+    assert (
+        "nothing merged (Anima is a diffusion transformer: only the step cache acts on it, and it is off)"
+        in res.infotexts[0]
+    )
     assert "step cache off: First Block Cache Integrated caches the steps" in res.infotexts[0]
     assert ext.ERROR_KEY not in res.js() and untouched(anima)
     forge_models.select_checkpoint("sd15")  # FBCache does not support SD1.5 and skips: our step cache runs

@@ -82,7 +82,7 @@ def test_neos_builtin_token_merging_and_its_options_are_taken_over_and_left_as_t
     assert backend.TomePatcher.calls and identical(again_spy.outputs, builtin_spy.outputs)
 
 
-CACHED = ("Flux", "Flux2", "Chroma", "Wan", "QwenImage", "ZImage", "Lumina2")
+CACHED = ("Flux", "Flux2", "Chroma", "Wan", "QwenImage", "ZImage", "Lumina2", "Anima")
 """Neo's families whose blocks the step cache knows (``tome_core.families.bfl``, ``tome_core.families.chain``)."""
 
 

@@ -25,6 +25,7 @@ from typing import ClassVar
 import tomesd.merge
 import torch
 from bfl_flux_double import Flux as BflFlux
+from chain_doubles import MiniTrainDIT
 from chain_doubles import NextDiT as LuminaDouble
 from chain_doubles import QwenImageTransformer2DModel as QwenDouble
 from forge_double import backend as forge
@@ -153,13 +154,16 @@ class NextDiT(LuminaDouble):  # nn/lumina.py:215: ComfyUI's loop; Lumina 2, Z-Im
     pass
 
 
-class Anima(DiTDouble):  # nn/anima.py:370, Block l.248
-    BLOCKS: ClassVar[dict[str, type[_Block]]] = {
-        "blocks": _blocks(
-            "Block",
-            ("layer_norm_self_attn", "self_attn", "layer_norm_cross_attn", "cross_attn", "layer_norm_mlp", "mlp"),
-        )
-    }
+class Anima(MiniTrainDIT):  # nn/anima.py:370 (Block l.248): ComfyUI's Cosmos Predict2 loop, ported
+    """Neo samples Anima on Wan-VAE latents ``(B, C, 1, H, W)``; the double's processing makes image latents: one
+    frame. ``final_layer`` gets the stream in the context's dtype (l.499; the stream itself is float32 under a float16
+    model)."""
+
+    def forward(self, x, timesteps, context, padding_mask=None, **kwargs):
+        return super().forward(x.unsqueeze(2), timesteps, context, **kwargs).squeeze(2)
+
+    def to_output(self, grid: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        return grid.to(context.dtype)
 
     def fbc_reset(self) -> None:
         """First Block Cache's reset of its state: upstream Neo's Anima has it (``forge_fbcache.py`` looks for it and

@@ -2,7 +2,8 @@
 enters again (:class:`~tome_core.families.base.Layout`). The cache speaks of blocks; a family is an adapter that
 knows one model's layout: the ldm/sgm/Forge/ComfyUI UNets (:mod:`.unet`), diffusers' FLUX transformer (:mod:`.flux`)
 FLUX/Chroma (:mod:`.bfl`) as ComfyUI, Forge and Forge Neo run it, Wan, Lumina 2/Z-Image and Qwen-Image (:mod:`.chain`)
-as ComfyUI and Forge Neo run them, and SD3/SD3.5 (:mod:`.chain`) as ComfyUI runs it."""
+as ComfyUI and Forge Neo run them, SD3/SD3.5 and Cosmos Predict2 (:mod:`.chain`) as ComfyUI runs them, and Anima
+(:mod:`.chain`) as Forge Neo runs it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from torch import nn
 
 from .base import Layout
 from .bfl import BflFlux
-from .chain import ComfyLumina, ComfyMMDiT, ComfyQwenImage, ComfyWan
+from .chain import ComfyCosmos, ComfyLumina, ComfyMMDiT, ComfyQwenImage, ComfyWan
 from .flux import DiffusersFlux
 from .unet import UNetLayout
 
@@ -22,6 +23,7 @@ FAMILIES: tuple[type[Layout], ...] = (
     ComfyLumina,
     ComfyQwenImage,
     ComfyMMDiT,
+    ComfyCosmos,
 )
 
 
@@ -44,6 +46,7 @@ def is_transformer(root: nn.Module) -> bool:
 __all__ = [
     "FAMILIES",
     "BflFlux",
+    "ComfyCosmos",
     "ComfyLumina",
     "ComfyMMDiT",
     "ComfyQwenImage",

@@ -11,6 +11,10 @@
   forward names its time ``timesteps``): ``transformer_blocks``, each called
   with ``hidden_states=``, ``encoder_hidden_states=`` and returning ``(encoder_hidden_states, hidden_states)``, a
   ControlNet's residual added in place after each, then ``norm_out(hidden_states, temb)``; the timestep is the sigma.
+* Cosmos Predict2 (``comfy/ldm/cosmos/predict2.py`` ``MiniTrainDIT``) and Anima, its text-to-image descendant (Neo
+  ``backend/nn/anima.py``, a port of it): ``blocks``, each ``block(x, t_emb, context, ...)`` returning the stream of
+  image tokens kept on its (B, T, H, W, D) grid, then ``final_layer(x, t_emb, ...)`` (Neo's Anima keeps the stream in
+  float32 under a float16 model and hands the layer a copy in the model's dtype).
 * SD3 and SD3.5 (``comfy/ldm/modules/diffusionmodules/mmdit.py`` ``OpenAISignatureMMDITWrapper``, MMDiT):
   ``joint_blocks``, each ``block(context, x, c=, ...)`` returning ``(context, x)`` (the last one no context), a
   ControlNet's residual added in place after each, then ``final_layer(x, c)``; the timestep is the sigma times 1000.
@@ -87,6 +91,13 @@ class ComfyQwenImage(ChainLayout):
 
     def pass_on(self, index: int, args: tuple, kwargs: dict) -> tuple[Any, Any]:
         return kwargs.get("encoder_hidden_states"), _first(args, kwargs, "hidden_states")
+
+
+class ComfyCosmos(ChainLayout):
+    """Cosmos Predict2 as ComfyUI runs it and Anima as Forge Neo runs it."""
+
+    names = ("blocks", "final_layer", "t_embedding_norm")
+    time = (1000.0, "timesteps", "timestep")
 
 
 class ComfyMMDiT(ChainLayout):

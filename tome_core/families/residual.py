@@ -126,8 +126,11 @@ class ResidualLayout(Layout):
         return self.pass_on(index, args, kwargs)
 
     def _left_of(self, x: torch.Tensor | None) -> torch.Tensor | None:
-        """What left the probe, as many of its last tokens as ``x`` (the entry's image stream) has; None if unfit."""
+        """What left the probe, as many of its last tokens as ``x`` (the entry's image stream) has (a stream on a grid,
+        not a sequence: itself, where it has ``x``'s shape); None if unfit."""
         left = self._left
+        if x is not None and left is not None and left.shape == x.shape:
+            return left
         if x is None or left is None or left.dim() != 3 or x.dim() != 3:
             return None
         if left.shape[0] != x.shape[0] or left.shape[2] != x.shape[2] or left.shape[1] < x.shape[1]:
@@ -149,4 +152,4 @@ class ResidualLayout(Layout):
         self._left = None
         if x is None or left is None or x.shape != deep.shape:
             return None
-        return self.with_entry_image(args, kwargs, left + deep.to(x.dtype))
+        return self.with_entry_image(args, kwargs, (left + deep.to(left.dtype)).to(x.dtype))
