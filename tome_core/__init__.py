@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .patch import MergeReport, Patch, apply_settings, find_unet, get_patch, remove_patch
+from .patch import Patch, apply_settings, find_unet, get_patch, remove_patch
+from .report import MergeReport
 from .settings import FIELDS, NAMES, SettingsError, ToMeSettings, from_args, from_dict, to_args, to_dict
 
 __all__ = [

@@ -3,7 +3,7 @@
 Some extensions change a UNet's attention layers in ways that need the full, raster-ordered token grid at that
 layer's input, so merging or downsampling there would give a wrong image or an exception. The patch asks
 :func:`taken_over` before each attention call and, where it answers, leaves that call's input as it is and says
-so (:class:`~tome_core.patch.MergeReport`). What is recognised (each from reading the extension's source):
+so (:class:`~tome_core.report.MergeReport`). What is recognised (each from reading the extension's source):
 
 * **Hypertile** (A1111 built-in, ``extensions-builtin/hypertile/hypertile.py`` at 82a973c0, l.318-351): wraps the
   ``forward`` of the self-attention modules it may tile and sets ``module.__webui_hypertile_params`` (a plain
