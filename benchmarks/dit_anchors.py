@@ -27,6 +27,13 @@ all its blocks, and what to return where it does not:
   the output change this rate predicts from the input's change, relative to the last output and accumulated since
   the last computed step, stays below the threshold; a skipped step returns its input plus the last computed
   step's output-minus-input. Computed before ``start`` and after ``end`` of the steps (ComfyUI's 0.15, 0.95).
+* **LazyCache** (ComfyUI's built-in beside EasyCache, read from ``comfy_extras/nodes_easycache.py`` at v0.8.0): the
+  same rule one level up, on the guided prediction of the denoised image (cond and uncond together: a skipped step
+  runs no model call at all) and on its input, both subsampled every 8th pixel per side; the changes are mean
+  absolute differences from the last computed step's (each step adds the predicted one, relative to that step's mean
+  absolute prediction, to the sum), the rate is the last computed step's output change over its input change, and
+  the prediction of a skipped step is its input plus the last computed one's prediction-minus-input. Here, where the model
+  returns both branches' velocities, a skipped step returns for both the velocity that gives that denoised image.
 
 The model's forward is taken apart as diffusers' ``FluxTransformer2DModel.forward`` runs it (embeddings, the
 double-stream blocks, the single-stream blocks, the output norm and projection; :func:`embed`, :func:`blocks`,
@@ -247,6 +254,46 @@ class EasyCache(DiTRule):
         self.accumulated = 0.0
         out = DiTRule._forward(self, **kw)[0]
         self.inputs, self.outputs = [*self.inputs[-1:], x], [*self.outputs[-1:], out]
+        return (out,)
+
+
+class LazyCache(DiTRule):
+    """LazyCache (see the module) on the batched cond and uncond call of one image, guidance ``cfg``."""
+
+    def __init__(self, threshold: float, cfg: float, side: int, start: float = 0.15, end: float = 0.95) -> None:
+        super().__init__()
+        self.threshold, self.cfg, self.side, self.start, self.end = threshold, cfg, side, start, end
+        self.x_prev: torch.Tensor | None = None  # the last computed step's input, subsampled
+        self.out_prev: torch.Tensor | None = None  # its denoised prediction, subsampled
+        self.out_norm: torch.Tensor | None = None  # the mean absolute value of that prediction, whole
+        self.rate: torch.Tensor | None = None  # its output change over its input change
+        self.diff: torch.Tensor | None = None  # its denoised prediction minus its input, whole
+        self.accumulated = 0.0
+
+    def _sub(self, x: torch.Tensor) -> torch.Tensor:
+        from benchmarks.fidelity.flux import unpack
+
+        return unpack(x, self.side, self.side)[..., ::8, ::8]
+
+    def _forward(self, return_dict: bool = False, **kw: Any) -> tuple[torch.Tensor]:
+        x, sigma = kw["hidden_states"], kw["timestep"].reshape(-1, 1, 1)
+        x_sub = self._sub(x[:1])
+        change = None if self.x_prev is None else (x_sub - self.x_prev).abs().mean()
+        window = self.start * self.steps <= self.step < self.end * self.steps
+        if window and not self.edge and change is not None and self.rate is not None:
+            self.accumulated += float(self.rate * change / self.out_norm)
+            if self.accumulated < self.threshold:
+                self.kinds.append("skip")
+                return ((-self.diff / sigma[:1]).expand_as(x),)  # x - sigma v = x + diff, in both branches
+            self.accumulated = 0.0
+        out = DiTRule._forward(self, **kw)[0]
+        cond, uncond = out.chunk(2)
+        denoised = x[:1] - sigma[:1] * (uncond + self.cfg * (cond - uncond))
+        out_sub = self._sub(denoised)
+        if self.out_prev is not None and change is not None:
+            self.rate = (out_sub - self.out_prev).abs().mean() / change
+        self.x_prev, self.out_prev, self.out_norm = x_sub, out_sub, denoised.abs().mean()
+        self.diff = denoised - x[:1]
         return (out,)
 
 

@@ -5,7 +5,7 @@ The model (:mod:`benchmarks.fidelity.flux`, ``weights/flux.safetensors``) sample
 the flow-matching Euler sampler on FLUX.1's schedule, classifier-free guidance 4 (cond and uncond batched: one
 stream), 20 steps. Plain runs once; each mode of :data:`MODES` (our cache through the same engine as on the UNets:
 the forecast off = DeepCache's reuse, linear, calibrated; the uniform and the time schedule) and each anchor of
-:data:`ANCHORS` (First Block Cache, TeaCache, TaylorSeer, MagCache, EasyCache: :mod:`benchmarks.dit_anchors`, image
+:data:`ANCHORS` (First Block Cache, TeaCache, TaylorSeer, MagCache, EasyCache, LazyCache: :mod:`benchmarks.dit_anchors`, image
 by image) samples the same noise.
 Reported per mode: mean PSNR and SSIM against plain's sample with their bootstrap 95 % intervals, the judge's class
 accuracy, the full steps of the pass and the speed-up of those steps priced at FLUX.1's real width
@@ -111,11 +111,15 @@ ANCHORS = (
         for t in (0.12, 0.24)
     ),
     *(Anchor(f"easycache-{t:g}", f"EasyCache {t:g} (0.15–0.95)", lambda _, t=t: A.EasyCache(t)) for t in (0.1, 0.2)),
+    *(
+        Anchor(f"lazycache-{t:g}", f"LazyCache {t:g} (0.15–0.95)", lambda _, t=t: A.LazyCache(t, CFG, flux.SIZE))
+        for t in (0.1, 0.2)
+    ),
 )
 """First Block Cache at the thresholds FLUX users quote; TeaCache at its published FLUX thresholds (1.5–2.25× on
 FLUX.1-dev) with its published polynomial, and with one fitted to this model on seeds of their own; TaylorSeer at its
-FLUX defaults (order 1, interval 6) and order 2; MagCache with ratios calibrated here; EasyCache at ComfyUI's
-default threshold (0.2) and half of it."""
+FLUX defaults (order 1, interval 6) and order 2; MagCache with ratios calibrated here; EasyCache and LazyCache at
+ComfyUI's default threshold (0.2) and half of it."""
 CALIBRATION_SEEDS = range(1000, 1008)
 
 

@@ -22,6 +22,7 @@ FAMILIES = {
     "taylorseer": ("TaylorSeer", "tab:green"),
     "magcache": ("MagCache", "tab:brown"),
     "easycache": ("EasyCache", "tab:olive"),
+    "lazycache": ("LazyCache", "tab:cyan"),
     "merge": ("token merging (± the cache)", "tab:blue"),
 }
 

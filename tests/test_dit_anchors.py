@@ -1,5 +1,5 @@
 """The DiT anchors (``benchmarks.dit_anchors``, issue 26): the model's forward taken apart gives its output bit for
-bit; First Block Cache, TeaCache, TaylorSeer, MagCache and EasyCache skip as their descriptions say; TeaCache's
+bit; First Block Cache, TeaCache, TaylorSeer, MagCache, EasyCache and LazyCache skip as their descriptions say; TeaCache's
 polynomial and MagCache's ratios are fitted as their authors fit them."""
 
 from __future__ import annotations
@@ -104,3 +104,30 @@ def test_magcache_skips_at_most_k_steps_in_a_row_and_its_ratios_are_calibrated_p
     r = A.Recorder()
     r.magnitudes = [2.0, 2.0, 1.0, 0.5]
     assert A.magnitude_ratios([r, r]) == [1.0, 1.0, 0.5, 0.5]
+
+
+def test_lazycache_computes_every_step_at_threshold_zero_and_a_skipped_step_repeats_the_last_denoised_change(model):
+    """With guidance 1 (the sampler above takes the cond branch) the guided prediction is the cond one; a skipped step
+    returns, in both branches, the velocity whose denoised image is its input plus the last computed step's
+    denoised-minus-input."""
+    plain = _sample(model)
+    exact = A.LazyCache(0.0, cfg=1.0, side=16)
+    assert torch.equal(_sample(model, exact), plain) and exact.counts()["full"] == 6
+    loose = A.LazyCache(1e9, cfg=1.0, side=16)
+    seen = []
+    original = A.LazyCache._forward
+
+    def spy(self, return_dict=False, **kw):
+        out = original(self, **kw)
+        seen.append((self.kinds[-1], kw["hidden_states"], kw["timestep"], out[0], self.diff))
+        return out
+
+    A.LazyCache._forward = spy
+    try:
+        out = _sample(model, loose)
+    finally:
+        A.LazyCache._forward = original
+    assert loose.kinds[:2] == ["full", "full"] and loose.kinds[-1] == "full" and loose.counts()["skip"] >= 1
+    _, x, sigma, velocity, diff = next(s for s in seen if s[0] == "skip")
+    torch.testing.assert_close(x[:1] - sigma[0] * velocity[:1], x[:1] + diff)
+    assert torch.equal(velocity[0], velocity[1]) and not torch.equal(out, plain)
