@@ -147,13 +147,18 @@ class BlockCosts:
 
 
 def blocks(
-    config: Config, device: Device = "cpu", dtype: torch.dtype = torch.float32
+    config: Config,
+    device: Device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    outside: torch.nn.Module | None = None,
+    inputs: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.nn.Module, torch.nn.Module, dict[str, torch.Tensor]]:
     """One double- and one single-stream block at ``config``'s width (random weights), and the keyword arguments the
     model hands its blocks for :meth:`Config.inputs`: the image and text streams, the time embedding, the RoPE; all
-    on ``device`` in ``dtype``."""
-    inputs = config.inputs(device, dtype)
-    outside = config.model().to(device, dtype)
+    on ``device`` in ``dtype``. ``outside`` and ``inputs``: the model without blocks and its inputs, where the caller
+    has them already."""
+    inputs = config.inputs(device, dtype) if inputs is None else inputs
+    outside = config.model().to(device, dtype) if outside is None else outside
     with torch.no_grad():
         temb = outside.time_text_embed(
             inputs["timestep"] * 1000, inputs["guidance"] * 1000, inputs["pooled_projections"]
@@ -176,7 +181,7 @@ def measure(
     device = torch.device(device)
     inputs = config.inputs(device, dtype)
     outside = config.model().to(device, dtype)
-    double, single, block_kwargs = blocks(config, device, dtype)
+    double, single, block_kwargs = blocks(config, device, dtype, outside, inputs)
     gen = torch.Generator().manual_seed(1)
     tokens = config.image_tokens + config.text_tokens
     states = [torch.randn(1, tokens, config.hidden, generator=gen).to(device, dtype) for _ in range(3)]

@@ -172,20 +172,12 @@ def measure(
         for r in range(rounds + 1):  # the first round warms up
             for merge in merges:
                 for kind, block in (("double", double), ("single", single)):
-                    with Merging(merge, root) if merge else _Nothing(), Timer(device) as timer:
+                    with Merging(merge, root) if merge else contextlib.nullcontext(), Timer(device) as timer:
                         block(**kwargs)
                     if r:
                         seconds.setdefault(f"{kind}/{merge.name if merge else 'plain'}", []).append(timer.cpu)
             log(f"  {config.name}: round {r}/{rounds} done")
     return seconds
-
-
-class _Nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
 
 
 @dataclass(frozen=True)
@@ -250,7 +242,7 @@ def fidelity(seeds: int, steps: int, model: flux.FluxLayout, log, side: int = fl
     out = {"plain": {"accuracy": dit_fidelity.accuracy(plain, labels).to_json()}}
     for name, merge, mode in modes(side):
         start = time.perf_counter()
-        with Merging(merge, model.transformer) if merge else _Nothing():
+        with Merging(merge, model.transformer) if merge else contextlib.nullcontext():
             samples, counts = dit_fidelity.sample(model, noise, labels, steps, mode)
         psnr, ssim = psnr_ssim(samples, plain)
         out[name] = {

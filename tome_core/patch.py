@@ -214,6 +214,8 @@ class Patch:
         self._plans_in_block_pre = settings.method == "merge" and (settings.merge_crossattn or settings.merge_mlp)
         self.auto_downsample = self._auto_downsample()
         self.cache = StepCache(root, settings) if settings.caches else None  # SettingsError before any hook
+        # a model with no UNet transformer blocks that a family knows as a diffusion transformer (the report's note)
+        self.transformer = not self.blocks and is_transformer(root)
         self.follower = ControlFollower(root, leader) if leader is not None else None  # a control model's
         self._install()
 
@@ -615,7 +617,7 @@ class Patch:
             cache=None if self.cache is None else self.cache.report(),
             model=self.name,
             merging=self.settings.merges,
-            transformer=not self.blocks and is_transformer(self.root),
+            transformer=self.transformer,
         )
 
     def reset_report(self) -> None:
