@@ -17,6 +17,12 @@ all its blocks, and what to return where it does not:
   step, its derivatives the finite differences of the computed steps (orders 1 and 2). Its FLUX defaults: order 1,
   interval 6, the first 3 steps computed. Written here on the blocks' whole residual (the original caches each
   block's attention and MLP outputs; the forecast is the same expansion).
+* **FoCa** (Forecast then Calibrate, arXiv 2508.16211, whose paper is not here: written from its abstract and from
+  cache-dit's description of its ``FoCaCalibrator``, a BDF2 predictor with a Heun corrector): TaylorSeer's
+  schedule; a skipped step's residual is the last value (computed or forecast) stepped on by the trapezoidal mean
+  of two slopes per step of the index, the local one (the last two values, so forecasts feed the next forecast) and
+  the anchor's (the last two computed steps). cache-dit writes the anchor's slope over the whole gap between them;
+  here it is per step, so that both slopes are of one step (equal where the computed steps are consecutive).
 * **MagCache** (arXiv 2506.14838): the ratio of the blocks' residual magnitude from one step to the next, calibrated
   per step on a few plain samples (:func:`magnitude_ratios`), is nearly constant until the last steps; a step is
   skipped (the last computed residual reused) while the error it accumulates, the sum of ``|1 - product of the
@@ -56,7 +62,7 @@ FLUX_POLYNOMIAL = (4.98651651e02, -2.83781631e02, 5.58554382e01, -3.82021401e00,
 """TeaCache4FLUX's rescaling polynomial (highest power first), published for FLUX.1-dev."""
 KINDS = ("full", "first", "skip")
 """What a call cost: all blocks, the outside and the first block (First Block Cache's skip), the outside only (the
-skips of TeaCache, TaylorSeer, MagCache and EasyCache; EasyCache's skip runs not even the outside, so its price is a
+skips of TeaCache, TaylorSeer, FoCa, MagCache and EasyCache; EasyCache's skip runs not even the outside, so its price is a
 few hundredths of a step high)."""
 
 
@@ -182,22 +188,39 @@ class TeaCache(DiTRule):
         return self.computed(img, txt, temb, rope)
 
 
-class TaylorSeer(DiTRule):
-    """TaylorSeer (see the module): ``order`` 1 or 2."""
+class Periodic(DiTRule):
+    """TaylorSeer's schedule: the first ``first`` steps, every ``interval``-th after the last computed one and the
+    last step computed; :meth:`forecast` gives a skipped step's residual once :meth:`update` has been told one."""
 
-    def __init__(self, interval: int, order: int = 1, first: int = 3) -> None:
+    def __init__(self, interval: int, first: int = 3) -> None:
         super().__init__()
-        self.interval, self.order, self.first = interval, order, first
-        self.derivatives: list[torch.Tensor] = []  # the residual and its finite differences per step, last computed
+        self.interval, self.first = interval, first
         self.last = 0  # the step of the last computed one
+        self.ready = False
 
     def call(self, img, txt, temb, rope) -> torch.Tensor:
         since = self.step - self.last
-        if not self.edge and self.step >= self.first and self.derivatives and since % self.interval:
+        if not self.edge and self.step >= self.first and self.ready and since % self.interval:
             return self.reused(img, self.forecast(since))
         out = self.computed(img, txt, temb, rope)
         self.update(self.residual, self.step)
+        self.last, self.ready = self.step, True
         return out
+
+    def update(self, residual: torch.Tensor, step: int) -> None:
+        raise NotImplementedError
+
+    def forecast(self, since: int) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class TaylorSeer(Periodic):
+    """TaylorSeer (see the module): ``order`` 1 or 2."""
+
+    def __init__(self, interval: int, order: int = 1, first: int = 3) -> None:
+        super().__init__(interval, first)
+        self.order = order
+        self.derivatives: list[torch.Tensor] = []  # the residual and its finite differences per step, last computed
 
     def update(self, residual: torch.Tensor, step: int) -> None:
         """A computed step's residual: it and its finite differences up to ``order`` (per step of the index)."""
@@ -209,6 +232,32 @@ class TaylorSeer(DiTRule):
     def forecast(self, since: int) -> torch.Tensor:
         """The residual ``since`` steps after the last computed one: the Taylor expansion."""
         return sum(d * since**k / math.factorial(k) for k, d in enumerate(self.derivatives))
+
+
+class FoCa(Periodic):
+    """FoCa (see the module): a skipped step steps the residual on from the last two values, computed or forecast,
+    by the trapezoidal mean of their slope and the last two computed steps' slope (per step of the index)."""
+
+    def __init__(self, interval: int, first: int = 3) -> None:
+        super().__init__(interval, first)
+        self.recent: list[torch.Tensor] = []  # the last two steps' residuals, computed or forecast
+        self.anchor: torch.Tensor | None = None  # the slope between the last two computed steps, per step
+        self.computed_last: torch.Tensor | None = None
+
+    def update(self, residual: torch.Tensor, step: int) -> None:
+        if self.computed_last is not None:
+            self.anchor = (residual - self.computed_last) / max(step - self.last, 1)
+        self.computed_last = residual
+        self.recent = [*self.recent[-1:], residual]
+
+    def forecast(self, since: int) -> torch.Tensor:
+        """The residual one step after the last value (each skipped step, in order, steps it on by one)."""
+        if len(self.recent) < 2:
+            return self.recent[-1]
+        local = self.recent[1] - self.recent[0]
+        nxt = self.recent[1] + (local if self.anchor is None else 0.5 * (local + self.anchor))
+        self.recent = [self.recent[1], nxt]
+        return nxt
 
 
 class MagCache(DiTRule):

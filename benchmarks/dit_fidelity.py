@@ -27,6 +27,7 @@ import torch
 
 import tome_core
 from benchmarks import dit_anchors as A
+from benchmarks import forecasters
 from benchmarks.fidelity import data, flux
 from benchmarks.fidelity.benchmark import labels_for, noise_for
 from benchmarks.fidelity.loading import load_classifier, load_flux
@@ -38,6 +39,8 @@ BEGIN, END = "<!-- dit-fidelity:begin -->", "<!-- dit-fidelity:end -->"
 CFG = 4.0
 STEPS = 20
 SEEDS = 64
+FIRST = 0.15
+"""``cache_start`` that keeps the first three of 20 steps full."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,9 @@ class Mode:
     forecast: str
     schedule: str
     interval: int
+    start: float = 0.0
+    study: str | None = None
+    """A forecast of :mod:`benchmarks.forecasters` (its class name) in place of the cache's own, or None."""
 
     def settings(self) -> ToMeSettings:
         return ToMeSettings(
@@ -54,6 +60,7 @@ class Mode:
             cache_interval=self.interval,
             cache_forecast=self.forecast,
             cache_schedule=self.schedule,
+            cache_start=self.start,
         )
 
 
@@ -66,8 +73,14 @@ MODES = tuple(
         ("calibrated", "time"),
     )
     for n in (2, 3, 4, 5)
+) + tuple(
+    Mode(f"{name}-uniform-{n}-start", "linear", "uniform", n, FIRST, study)
+    for name, study in (("linear", None), ("trapezoid", "Trapezoid"))
+    for n in (2, 3, 4)
 )
-"""Our cache: DeepCache's reuse (off, uniform), the linear and calibrated forecasts, the default (calibrated, time)."""
+"""Our cache: DeepCache's reuse (off, uniform), the linear and calibrated forecasts, the UNets' default (calibrated,
+time); and, with the first three steps full as TaylorSeer and FoCa run them (``cache_start`` :data:`FIRST`), the
+linear forecast and FoCa's predictor-corrector (:class:`benchmarks.forecasters.Trapezoid`) in its place."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +119,7 @@ ANCHORS = (
         for o in (1, 2)
         for n in (4, 6)
     ),
+    *(Anchor(f"foca-n{n}", f"FoCa, interval {n}, 3 first steps", lambda _, n=n: A.FoCa(n)) for n in (2, 3, 4, 6)),
     *(
         Anchor(f"magcache-{t:g}", f"MagCache {t:g} (K 5, 20 % retained)", lambda c, t=t: A.MagCache(t, c.ratios))
         for t in (0.12, 0.24)
@@ -118,7 +132,7 @@ ANCHORS = (
 )
 """First Block Cache at the thresholds FLUX users quote; TeaCache at its published FLUX thresholds (1.5–2.25× on
 FLUX.1-dev) with its published polynomial, and with one fitted to this model on seeds of their own; TaylorSeer at its
-FLUX defaults (order 1, interval 6) and order 2; MagCache with ratios calibrated here; EasyCache and LazyCache at
+FLUX defaults (order 1, interval 6) and order 2; FoCa on TaylorSeer's schedule; MagCache with ratios calibrated here; EasyCache and LazyCache at
 ComfyUI's default threshold (0.2) and half of it."""
 CALIBRATION_SEEDS = range(1000, 1008)
 
@@ -150,9 +164,11 @@ def sample(
     patch = None if mode is None else tome_core.apply_settings(model.transformer, mode.settings())
     if patch is not None and patch.cache is not None:
         patch.cache.short_passes = short_passes
+    study = None if mode is None or mode.study is None else getattr(forecasters, mode.study)
     try:
         progress = None if patch is None else (lambda i, n: patch.set_progress(i / n, n))
-        out = _euler(model, noise, labels, steps, progress)
+        with forecasters.swapped(study):
+            out = _euler(model, noise, labels, steps, progress)
         passes = patch.report().cache.passes if patch is not None else ()
     finally:
         tome_core.remove_patch(model.transformer)
@@ -262,7 +278,10 @@ def section(data_: dict, meta: dict) -> str:
             continue
         if "mode" in row:
             mode = row["mode"]
-            label = f"ours: {mode['forecast']}, {mode['schedule']}, N={mode['interval']}"
+            forecast = "FoCa's predictor-corrector" if mode.get("study") == "Trapezoid" else mode["forecast"]
+            label = f"ours: {forecast}, {mode['schedule']}, N={mode['interval']}"
+            if mode.get("start"):
+                label += ", 3 first steps full"
             speed, full = priced(row["counts"]), str(row["counts"]["full"])
         else:
             label, full = row["label"], f"{row['counts']['full']:.1f}"

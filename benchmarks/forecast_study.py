@@ -7,8 +7,8 @@ candidates measured one at a time on the trained SD1.5-layout model, 20 steps, C
 * **The time variable**: the linear forecast at N=3 with its time taken as the UNet's timestep (the default), log-sigma,
   sigma or sqrt(sigma) of that timestep.
 * **The schedule**: N=3 with the full steps at 0, 3, 6, … (uniform) against the time schedule.
-* **Higher-order and global fits** (:mod:`benchmarks.forecasters`): TaylorSeer order 2, HiCache's Hermite basis and
-  Spectrum's Chebyshev ridge fit against ours, at N=3, 4 and 5 on the time schedule.
+* **Higher-order and global fits** (:mod:`benchmarks.forecasters`): TaylorSeer order 2, HiCache's Hermite basis,
+  Spectrum's Chebyshev ridge fit and FoCa's predictor-corrector against ours, at N=3, 4 and 5 on the time schedule.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from dataclasses import replace
 
 import torch
 
-import tome_core.cache as step_cache
 import tome_core.steps as clock
 from benchmarks import forecasters as F
 from benchmarks import modes as M
@@ -50,21 +49,11 @@ FITS = {
     "Spectrum (Chebyshev ridge, w 0.25)": ("linear", F.Chebyshev),
     "Spectrum's fit alone (w 1)": ("linear", lambda forecast: F.Chebyshev(forecast, w=1.0)),
     "calibrated, order 2": ("calibrated", F.CalibratedTaylor),
+    "FoCa's predictor-corrector": ("linear", F.Trapezoid),
 }
 """The forecasts compared on the time schedule: the setting each runs with, and the study's forecaster in place of the
 step cache's own (None: the setting's)."""
 FIT_INTERVALS = (3, 4, 5)
-
-
-@contextlib.contextmanager
-def _forecaster(factory):
-    """While inside, the step cache follows each stream's deep features with ``factory(forecast)`` (None: its own)."""
-    original = step_cache.Track
-    step_cache.Track = factory or original
-    try:
-        yield
-    finally:
-        step_cache.Track = original
 
 
 @contextlib.contextmanager
@@ -126,7 +115,7 @@ def run(seeds: int, log) -> dict:
         for name, (forecast, factory) in FITS.items():
             for interval in FIT_INTERVALS:
                 mode = M.cached(M.PLAIN, interval, forecast=forecast, schedule="time")
-                with _forecaster(factory):
+                with F.swapped(factory):
                     samples, counts = B.run_sampling(model, mode, noise, labels, sigmas, sampler)
                 psnr = float(psnr_ssim(samples, plain)[0].mean())
                 out["fits"][sampler][f"{name}, N={interval}"] = {"psnr": psnr, "full": counts[0]["full"]}

@@ -18,6 +18,12 @@ trajectory has none):
   the last 8 full steps, blended ``w : 1 - w`` with the linear forecast (its defaults: ``w`` 0.25; and ``w`` 1, the fit
   alone).
 
+* **FoCa's predictor-corrector** (arXiv 2508.16211; its paper is not here: from cache-dit's description of its
+  ``FoCaCalibrator``, a BDF2 predictor with a Heun corrector, in the sampler's time): the last value, full or
+  forecast, stepped on by the mean of two slopes, the last two full steps' and the local one between the last two
+  values, so that each forecast feeds the next and the jump at a full step corrects the ones after it
+  (:class:`Trapezoid`; the same rule as the anchor :class:`benchmarks.dit_anchors.FoCa`, on our schedules).
+
 * **ours, calibrated at order 2** (FoCa's "forecast, then calibrate" taken one order further): the live probe
   gives the coefficients of both differences (:class:`CalibratedTaylor`).
 
@@ -27,8 +33,11 @@ forecast honours them); Spectrum maps the timestep to [-1, 1] over 0–1000.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
+import tome_core.cache as step_cache
 from benchmarks.anchors import chebyshev_ridge
 from tome_core.forecast import subsample
 
@@ -106,6 +115,36 @@ class Chebyshev(History):
         return (1 - self.w) * linear + self.w * chebyshev_ridge(history, time / 1000 * 2 - 1, self.degree, self.lam)
 
 
+class Trapezoid(History):
+    """FoCa's predictor-corrector (see the module): keeps the last two full steps and the last two values."""
+
+    keep = 2
+
+    def __init__(self, forecast: str = "linear") -> None:
+        super().__init__(forecast)
+        self.values: list[tuple[float, torch.Tensor]] = []  # the last two values (full or forecast along a line)
+
+    def add(self, time, deep: torch.Tensor, probe: torch.Tensor | None = None) -> None:
+        on_line = len(self.values) == 2 and self.values[-1][1] is not self.deep
+        if not on_line:  # after reuse only, the value before this full step is the last full step's
+            self.values = self.points[-1:]
+        super().add(time, deep, probe)
+        self.values = [*self.values, self.points[-1]][-2:] if len(self.points) == 2 else self.points[-1:]
+
+    def extrapolate(self, x: float, time: float) -> torch.Tensor:
+        (t1, d1), (t2, d2) = self.points
+        (ta, va), (tb, vb) = self.values
+        slope = (d2 - d1) / (t2 - t1)
+        local = (vb - va) / (tb - ta) if tb != ta else slope
+        out = vb + (time - tb) * 0.5 * (local + slope)
+        self.values = [self.values[-1], (time, out)]
+        return out
+
+    def nbytes(self) -> int:
+        held = {id(d): d for _, d in [*self.points, *self.values]}
+        return sum(d.numel() * d.element_size() for d in held.values())
+
+
 class CalibratedTaylor(History):
     """Ours, calibrated at order 2: the live probe's change since the last full step, projected (least squares, per
     image) onto the probe's own two backward differences, gives both coefficients, which then move the deep features
@@ -137,6 +176,17 @@ class CalibratedTaylor(History):
 
     def nbytes(self) -> int:
         return sum(d.numel() * d.element_size() + p.numel() * p.element_size() for _, d, p in self.points)
+
+
+@contextlib.contextmanager
+def swapped(factory):
+    """While inside, the step cache follows each stream's deep features with ``factory(forecast)`` (None: its own)."""
+    original = step_cache.Track
+    step_cache.Track = factory or original
+    try:
+        yield
+    finally:
+        step_cache.Track = original
 
 
 def _solve(target: torch.Tensor, basis: list[torch.Tensor]) -> list[torch.Tensor]:

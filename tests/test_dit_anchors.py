@@ -1,5 +1,5 @@
 """The DiT anchors (``benchmarks.dit_anchors``, issue 26): the model's forward taken apart gives its output bit for
-bit; First Block Cache, TeaCache, TaylorSeer, MagCache, EasyCache and LazyCache skip as their descriptions say; TeaCache's
+bit; First Block Cache, TeaCache, TaylorSeer, FoCa, MagCache, EasyCache and LazyCache skip as their descriptions say; TeaCache's
 polynomial and MagCache's ratios are fitted as their authors fit them."""
 
 from __future__ import annotations
@@ -87,6 +87,21 @@ def test_taylorseers_derivatives_are_the_finite_differences_of_the_computed_resi
         rule.update(torch.tensor(1.0 + step + step**2 / 2), step)
     assert [float(d) for d in rule.derivatives] == [13.0, 4.0, 1.0]  # (13 - 5) / 2, ((13 - 5) / 2 - (5 - 1) / 2) / 2
     assert float(rule.forecast(2)) == 13.0 + 4.0 * 2 + 1.0 * 4 / 2
+
+
+def test_foca_runs_taylorseers_schedule_and_steps_its_forecasts_on_from_the_last_two_values(model):
+    plain = _sample(model)
+    rule = A.FoCa(interval=2, first=2)
+    assert not torch.equal(_sample(model, rule), plain)
+    assert rule.kinds == ["full", "full", "skip", "full", "skip", "full"]
+    every = A.FoCa(interval=1)
+    assert torch.equal(_sample(model, every), plain) and every.counts()["full"] == 6
+    foca = A.FoCa(interval=3, first=0)
+    for step, value in ((0, 0.0), (2, 4.0)):  # computed steps 0 and 2 of s²: the full steps' slope 2 per step
+        foca.update(torch.tensor(value), step)
+        foca.last = step
+    assert float(foca.forecast(1)) == 4.0 + 0.5 * (4.0 + 2.0)  # local (4 - 0) between the last two values, anchor 2
+    assert float(foca.forecast(2)) == 7.0 + 0.5 * (3.0 + 2.0)  # the forecast feeds the next
 
 
 @pytest.mark.parametrize(

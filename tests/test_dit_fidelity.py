@@ -26,6 +26,8 @@ def test_a_quick_run_reports_every_mode_against_plain_and_renders():
     assert text.startswith(dit_fidelity.BEGIN) and text.endswith(dit_fidelity.END)
     assert "| ours: calibrated, time, N=5 |" in text and "| First Block Cache 0.07 |" in text
     assert "| TaylorSeer order 1, interval 6, 3 first steps |" in text and "MagCache's magnitude ratios" in text
+    assert "| ours: FoCa's predictor-corrector, uniform, N=3, 3 first steps full |" in text
+    assert results["trapezoid-uniform-3-start"]["counts"]["full"] == 4  # 4 steps: the first three and the last
 
 
 def test_a_pass_is_priced_with_the_real_width_costs(monkeypatch):

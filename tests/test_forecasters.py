@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import tome_core.cache as step_cache
-from benchmarks import forecast_study, modes
 from benchmarks import forecasters as F
+from benchmarks import modes
 from benchmarks import sampler as S
 from benchmarks.anchors import chebyshev_ridge
 from benchmarks.fidelity import benchmark as B
@@ -55,6 +55,23 @@ def test_spectrums_fit_is_exact_on_a_polynomial_of_its_degree_and_its_blend_weig
     assert len(_fed(F.Chebyshev(), range(1000, 0, -100), f).points) == 8  # the last 8 full steps
 
 
+def test_focas_predictor_corrector_steps_on_from_its_last_value_by_the_mean_of_the_local_and_the_full_slopes():
+    f = lambda t: torch.full((1, 2), float(t) ** 2)  # noqa: E731
+    straight = _fed(F.Trapezoid(), (0.0, 1.0), lambda t: torch.full((1, 2), 3.0 * t))
+    assert straight.predict(torch.tensor(2.0))[0, 0].item() == pytest.approx(6.0)  # a line is continued exactly
+    tz = _fed(F.Trapezoid(), (0.0, 2.0), f)  # values 0, 4: slope 2
+    assert tz.predict(torch.tensor(3.0))[0, 0].item() == pytest.approx(6.0)  # first: linear's, 4 + 2
+    assert tz.predict(torch.tensor(4.0))[0, 0].item() == pytest.approx(8.0)  # local (6 - 4) / 1, full 2: 6 + 2
+    tz.add(torch.tensor(5.0), f(5.0))  # 25: the local slope runs from the last forecast (8 at 4) to it, 17 per step
+    assert tz.predict(torch.tensor(6.0))[0, 0].item() == pytest.approx(25 + 0.5 * (17 + (25 - 4) / 3))
+    reused = F.Trapezoid()
+    reused.add(0.0, f(0.0))
+    assert torch.equal(reused.predict(1.0), f(0.0))  # one full step: reuse, and the next slope is the full steps'
+    reused.add(3.0, f(3.0))
+    assert reused.predict(torch.tensor(4.0))[0, 0].item() == pytest.approx(9 + 3)
+    assert len(straight.points) == 2 and straight.nbytes() == 3 * 2 * 4  # two full steps and one forecast held
+
+
 def test_the_study_runs_a_forecaster_on_the_real_step_cache_and_puts_the_caches_own_back():
     model = load_model("sd15")
     noise, labels = B.noise_for(range(2), model.size, model.channels), B.labels_for(range(2), len(model.classes))
@@ -68,7 +85,7 @@ def test_the_study_runs_a_forecaster_on_the_real_step_cache_and_puts_the_caches_
             return super().predict(time, probe)
 
     linear, _ = B.run_sampling(model, mode, noise, labels, sigmas, "euler")
-    with forecast_study._forecaster(Counted):
+    with F.swapped(Counted):
         taylor, counts = B.run_sampling(model, mode, noise, labels, sigmas, "euler")
     assert step_cache.Track is Track
     assert 3 in predicted and counts[0]["partial"] == len(predicted)  # order 2 once three full steps are known
