@@ -16,10 +16,11 @@ from benchmarks.results import load_run_data
 PNG = Path(__file__).resolve().parent / "dit-frontier.png"
 FAMILIES = {
     "ours": ("ours: linear forecast (auto)", "tab:red"),
-    "ours-other": ("ours: other forecasts and schedules", "salmon"),
+    "ours-other": ("ours: other forecasts, schedules and starts (and FoCa's rule, a study)", "salmon"),
     "fbcache": ("First Block Cache", "tab:purple"),
     "teacache": ("TeaCache", "tab:pink"),
     "taylorseer": ("TaylorSeer", "tab:green"),
+    "foca": ("FoCa", "tab:orange"),
     "magcache": ("MagCache", "tab:brown"),
     "easycache": ("EasyCache", "tab:olive"),
     "lazycache": ("LazyCache", "tab:cyan"),
@@ -36,7 +37,8 @@ def points() -> list[tuple[str, str, float, float]]:
             continue
         if "mode" in row:
             mode = row["mode"]
-            family = "ours" if (mode["forecast"], mode["schedule"]) == ("linear", "uniform") else "ours-other"
+            auto = (mode["forecast"], mode["schedule"]) == ("linear", "uniform") and not mode.get("start")
+            family = "ours" if auto and not mode.get("study") else "ours-other"
             label, speed = f"N={mode['interval']}", dit_fidelity.priced(row["counts"])
         else:
             family, label = name.split("-")[0], ""
