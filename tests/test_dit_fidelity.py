@@ -37,3 +37,12 @@ def test_a_pass_is_priced_with_the_real_width_costs(monkeypatch):
     full = 1.0 + 19 * 2.0 + 38 * 1.0
     expected = 20 * full / (8 * (full + 0.25) + 12 * (1.0 + 2.0 + 0.5))
     assert dit_fidelity.priced({"full": 8, "cached": 12}) == pytest.approx(expected)
+
+
+def test_the_frontier_plot_draws_every_family_the_runs_measured():
+    from benchmarks import dit_frontier
+
+    points = dit_frontier.points()
+    assert {family for family, *_ in points} <= set(dit_frontier.FAMILIES)  # none left out of the legend
+    ours = {label for family, label, *_ in points if family == "ours"}
+    assert ours == {"N=2", "N=3", "N=4", "N=5"}  # auto's rows only: the start and study rows are "ours-other"
