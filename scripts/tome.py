@@ -119,6 +119,16 @@ def _report(p: Any, message: str) -> None:
     p.extra_generation_params[ext.ERROR_KEY] = message
 
 
+def _off(p: Any, message: str) -> None:
+    """ToMe is off for the rest of this generation: no run, none of our infotext keys but the error (and the built-in
+    ratio it replaced)."""
+    setattr(p, RUN_ATTR, None)
+    p.extra_generation_params = {
+        k: v for k, v in p.extra_generation_params.items() if not str(k).startswith("ToMe") or k == ext.BUILTIN_KEY
+    }
+    _report(p, f"{message}; ToMe is off for this generation")
+
+
 class ToMeScript(scripts.Script):
     def title(self) -> str:
         return ext.TITLE
@@ -197,7 +207,7 @@ class ToMeScript(scripts.Script):
         try:
             settings = ext.parse(args, getattr(p, ext.OVERRIDES_ATTR, None))
         except S.SettingsError as error:
-            _report(p, f"{error}; ToMe is off for this generation")
+            _off(p, str(error))
             return
         if not settings.enabled:
             return
@@ -244,7 +254,7 @@ class ToMeScript(scripts.Script):
             settings = settings.replace(ratio=0.0, method="merge")  # the step cache alone
         if not _patch(p, run, settings, *_pass_models(p, run, settings)):
             return
-        if settings.use_rand:
+        if settings.use_rand and settings.merges:  # the seed of the random partition; the cache alone draws none
             p.extra_generation_params[S.spec("seed").infotext] = settings.seed
         _write_note(p, run)
 
@@ -288,8 +298,8 @@ def _unpatch(run: ext.Run) -> None:
 
 def _patch(p: Any, run: ext.Run, settings: S.ToMeSettings, models: list[Any], followers: list[Any] = ()) -> bool:
     """Patch ``models`` (the model that samples, control models) and ``followers`` (Mikubill's control models, run
-    inside the UNet's call: the UNet's cached steps shorten them); all or nothing: on an error every patch is removed
-    and the error reported, not raised. A control model is no UNet to cache: it merges (``merge_controlnet``) or
+    inside the UNet's call: the UNet's cached steps shorten them); all or nothing: on an error every patch is removed,
+    the error reported, not raised, and ToMe is off for the rest of the generation. A control model is no UNet to cache: it merges (``merge_controlnet``) or
     follows the cache only."""
     merging = settings.replace(cache=False)
     control = merging if settings.merge_controlnet else merging.replace(ratio=0.0, method="merge")
@@ -303,7 +313,7 @@ def _patch(p: Any, run: ext.Run, settings: S.ToMeSettings, models: list[Any], fo
                 registry.apply(model, control, leader)
     except Exception as error:  # never leave a half-patched model behind
         _unpatch(run)
-        _report(p, ext.describe_error(error))
+        _off(p, ext.describe_error(error))
         return False
     run.current = settings
     return True

@@ -122,6 +122,7 @@ def test_cached_steps_take_the_forecast_the_setting_names(webui, sd_model, forec
     assert torch.equal(deep[1], deep[0])  # one full step known: the last one's features either way
     assert torch.equal(deep[3], deep[2]) == (forecast == "off")  # two known: linear extrapolates from them
     assert 'ToMe cache steps: "4 full, 2 cached"' in res.infotexts[0]
+    assert "ToMe seed" not in res.infotexts[0]  # the cache alone draws no random partition: no seed to tell
     assert ("ToMe cache forecast: off" in res.infotexts[0]) == (forecast == "off")  # linear is the default
     assert untouched(sd_model)
 

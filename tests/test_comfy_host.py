@@ -127,10 +127,11 @@ def test_chaining_both_nodes_gives_merging_and_the_cache_as_cache_true_does(orde
     )
 
 
-def test_a_second_node_of_a_kind_replaces_the_first_and_the_cache_alone_merges_nothing():
+def test_a_second_node_of_a_kind_replaces_the_first_and_the_cache_alone_merges_nothing(console):
     assert torch.equal(sample([("ToMe", {"ratio": 0.3}), ("ToMe", {"ratio": 0.5})]), sample([("ToMe", {})]))
     cache_alone = sample([("ToMeStepCache", {})])
     assert torch.equal(cache_alone, direct({"ratio": 0.0, "cache": True}))
+    assert "ToMe cache: True" in console()[-1] and "ToMe seed" not in console()[-1]  # no partition drawn, no seed
 
 
 @pytest.mark.parametrize(

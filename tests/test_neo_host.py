@@ -122,6 +122,21 @@ def test_the_accordions_cache_acts_on_neos_transformers_and_the_plain_image_foll
     assert untouched(model)
 
 
+def test_a_cache_branch_too_deep_for_the_model_is_named_and_tome_is_off_for_the_generation(start_neo, neo_builders):
+    """The bound that only the model knows (found when patching, not when parsing) ends like any invalid value: the
+    error alone in the infotext, the model's own image (seen in the real Neo with Wan, where it was not so)."""
+    model = unet_of(neo_builders["Wan"])
+    txt, _ = start_neo(checkpoint="Wan")
+    plain, (plain_spy,) = generate(txt, None, [model], steps=4)
+    res, (spy,) = generate(txt, tome_args(txt, ratio=0.0, cache=True, cache_branch=11), [model], steps=4)
+    info = res.infotexts[0]
+    assert "'cache_branch' = 11 is invalid" in info and "for this model; ToMe is off for this generation" in info
+    assert "ToMe: True" not in info and "ToMe cache branch" not in info and "ToMe seed" not in info
+    assert identical(spy.outputs, plain_spy.outputs) and identical(pixels(res), pixels(plain)) and untouched(model)
+    after, _ = generate(txt, tome_args(txt, ratio=0.0, cache=True), [model], steps=4)
+    assert "ToMe cache steps" in after.infotexts[0] and ext.ERROR_KEY not in after.js()  # the next one runs
+
+
 def _switch_sigma(steps: int, at_step: int) -> float:
     """A "Switch at (in sigmas)" value that Neo's refiner meets first at step ``at_step`` of an Euler run."""
     return float(ForgeScheduleLinker(EpsPredictor()).get_sigmas(steps)[at_step])

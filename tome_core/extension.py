@@ -187,13 +187,15 @@ uniform schedule, and the forecast ``linear`` if it has ``ToMe cache steps`` (is
 def infotext(settings: ToMeSettings, used_seed: int | None) -> dict[str, Any]:
     """Infotext entries for an enabled run: ``ToMe: True`` and every field that differs from its default (with the
     cache on, its forecast and schedule whatever they are); the seed actually used whenever the random partition is
-    on."""
+    on and something is merged."""
     out: dict[str, Any] = {S.spec("enabled").infotext: True}
     for name in S.NAMES:
         if name == "enabled":
             continue
         value = getattr(settings, name)
         if name == "seed" and settings.use_rand and used_seed is not None:
+            if not settings.merges:
+                continue  # the cache alone draws no partition
             value = used_seed
         elif name in ALWAYS_WITH_CACHE and settings.cache:
             pass
