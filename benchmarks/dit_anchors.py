@@ -62,8 +62,8 @@ FLUX_POLYNOMIAL = (4.98651651e02, -2.83781631e02, 5.58554382e01, -3.82021401e00,
 """TeaCache4FLUX's rescaling polynomial (highest power first), published for FLUX.1-dev."""
 KINDS = ("full", "first", "skip")
 """What a call cost: all blocks, the outside and the first block (First Block Cache's skip), the outside only (the
-skips of TeaCache, TaylorSeer, FoCa, MagCache and EasyCache; EasyCache's skip runs not even the outside, so its price is a
-few hundredths of a step high)."""
+skips of TeaCache, TaylorSeer, FoCa, MagCache and EasyCache; EasyCache's skip runs not even the outside, so its price
+is a few hundredths of a step high)."""
 
 
 def embed(t: nn.Module, kw: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:

@@ -299,8 +299,8 @@ def _unpatch(run: ext.Run) -> None:
 def _patch(p: Any, run: ext.Run, settings: S.ToMeSettings, models: list[Any], followers: list[Any] = ()) -> bool:
     """Patch ``models`` (the model that samples, control models) and ``followers`` (Mikubill's control models, run
     inside the UNet's call: the UNet's cached steps shorten them); all or nothing: on an error every patch is removed,
-    the error reported, not raised, and ToMe is off for the rest of the generation. A control model is no UNet to cache: it merges (``merge_controlnet``) or
-    follows the cache only."""
+    the error reported, not raised, and ToMe is off for the rest of the generation. A control model is no UNet to
+    cache: it merges (``merge_controlnet``) or follows the cache only."""
     merging = settings.replace(cache=False)
     control = merging if settings.merge_controlnet else merging.replace(ratio=0.0, method="merge")
     try:
