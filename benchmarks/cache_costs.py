@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from benchmarks import anchors
-from benchmarks.results import load_run_data, run_meta, save_run_data, write_section
+from benchmarks.results import load_run_data, publish, run_meta, write_section
 from benchmarks.suite import Config
 from benchmarks.timing import Timer
 from tome_core import schedule
@@ -200,10 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     results = [measure(c, 2 if args.quick else args.rounds, print) for c in (QUICK if args.quick else REAL)]
     meta = run_meta(args, 2 if args.quick else args.rounds, time.perf_counter() - start)
     text = section(results, meta, {} if args.quick else plain_full_steps())
-    print(text)
-    if not args.quick:
-        save_run_data("cache-costs-cpu", [vars(r) for r in results], meta)
-        write_section(text, BEGIN, END)
+    publish("cache-costs-cpu", text, [vars(r) for r in results], meta, BEGIN, END, keep=not args.quick)
 
 
 if __name__ == "__main__":

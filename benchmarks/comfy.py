@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.results import load_run_data, save_run_data, write_section
+from benchmarks.results import load_run_data, publish, write_section
 
 BEGIN, END = "<!-- comfy-cpu:begin -->", "<!-- comfy-cpu:end -->"
 RUN = "comfy-cpu"
@@ -221,10 +221,7 @@ def main(argv: list[str] | None = None) -> None:
         "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     text = section(results, meta)
-    print(text)
-    if not args.no_write:
-        save_run_data(RUN, results, meta)
-        write_section(text, BEGIN, END)
+    publish(RUN, text, results, meta, BEGIN, END, keep=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from benchmarks.anchors import rel_l1
-from benchmarks.results import load_run_data, run_meta, save_run_data, write_section
+from benchmarks.results import load_run_data, publish, run_meta, write_section
 from benchmarks.timing import Timer
 from tome_core.forecast import Track
 
@@ -284,10 +284,7 @@ def main(argv: list[str] | None = None) -> None:
     results = [measure(config, rounds, print, whole) for config, whole in plan]
     meta = run_meta(args, rounds, time.perf_counter() - start)
     text = section(results, meta)
-    print(text)
-    if not args.quick:
-        save_run_data("dit-costs-cpu", [vars(r) for r in results], meta)
-        write_section(text, BEGIN, END)
+    publish("dit-costs-cpu", text, [vars(r) for r in results], meta, BEGIN, END, keep=not args.quick)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from benchmarks.fidelity import data, flux
 from benchmarks.fidelity.benchmark import labels_for, noise_for
 from benchmarks.fidelity.loading import load_classifier, load_flux
 from benchmarks.fidelity.metrics import Estimate, bootstrap, psnr_ssim
-from benchmarks.results import load_run_data, save_run_data, write_section
+from benchmarks.results import load_run_data, publish, write_section
 from tome_core.settings import ToMeSettings
 
 BEGIN, END = "<!-- dit-fidelity:begin -->", "<!-- dit-fidelity:end -->"
@@ -319,10 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     results = run(seeds, steps, model, print)
     meta = {"seeds": seeds, "steps": steps, "seconds": round(time.perf_counter() - start, 1)}
     text = section(results, meta)
-    print(text)
-    if not args.quick:
-        save_run_data("dit-fidelity", results, meta)
-        write_section(text, BEGIN, END)
+    publish("dit-fidelity", text, results, meta, BEGIN, END, keep=not args.quick)
 
 
 if __name__ == "__main__":

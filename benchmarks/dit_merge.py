@@ -41,7 +41,7 @@ from benchmarks.fidelity import data, flux
 from benchmarks.fidelity.benchmark import labels_for, noise_for
 from benchmarks.fidelity.loading import load_flux
 from benchmarks.fidelity.metrics import Estimate, bootstrap, psnr_ssim
-from benchmarks.results import load_run_data, run_meta, save_run_data, write_section
+from benchmarks.results import load_run_data, publish, run_meta, write_section
 from benchmarks.timing import Timer
 from tome_core.merge import MergePlan, make_partition, plan_merge
 
@@ -354,10 +354,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     meta = run_meta(args, rounds, time.perf_counter() - start) | {"seeds": seeds, "steps": steps}
     text = section(results, meta)
-    print(text)
-    if not args.quick:
-        save_run_data("dit-merge", results, meta)
-        write_section(text, BEGIN, END)
+    publish("dit-merge", text, results, meta, BEGIN, END, keep=not args.quick)
 
 
 if __name__ == "__main__":

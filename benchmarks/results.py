@@ -44,6 +44,15 @@ def write_section(section: str, begin: str, end: str, path: Path = RESULTS) -> N
     path.write_text(new, encoding="utf-8")
 
 
+def publish(name: str, text: str, results: list[dict] | dict, meta: dict, begin: str, end: str, keep: bool) -> None:
+    """Print a run's section (``text``); where the run is ``keep``'s (not a quick one), keep its raw measurements
+    (:func:`save_run_data` under ``name``) and put the section into RESULTS.md between ``begin`` and ``end``."""
+    print(text)
+    if keep:
+        save_run_data(name, results, meta)
+        write_section(text, begin, end)
+
+
 def run_meta(args: argparse.Namespace, rounds: int, seconds: float) -> dict:
     """Where and when a run ran: device, dtype, torch/CUDA versions, threads, rounds, duration, finish time."""
     device, dtype = device_and_dtype()
