@@ -139,6 +139,23 @@ def test_under_karras_the_time_schedule_runs_full_steps_where_the_time_goes_and_
     assert reach(plan) < budget < reach(uniform)
 
 
+@pytest.mark.parametrize("sampler", ["dpmpp_2m", "dpmpp_2m_sde"])
+def test_at_any_step_count_the_time_schedule_runs_no_more_full_steps_than_the_uniform_one(sampler):
+    """Left to the time alone, 38 of these passes ran one full step more (DPM++ 2M Karras at 10 steps, N=3: 5, where
+    the uniform schedule runs 4; seen in the real A1111)."""
+    for steps in range(6, 61):
+        times = [S.sigma_to_t(s) for s in S.schedule(sampler, steps)[:-1]]
+        for interval in (2, 3, 4, 5):
+            settings = tome_core.ToMeSettings(cache=True, cache_interval=interval, cache_schedule="time")
+            plan = _plan(settings, times)
+            uniform = _uniform(tome_core.ToMeSettings(cache=True, cache_interval=interval), steps)
+            assert plan.count("f") <= uniform.count("f"), (steps, interval, plan, uniform)
+            assert plan[0] == plan[-1] == "f" and "c" * (2 * interval - 1) not in plan
+    times = [S.sigma_to_t(s) for s in S.schedule("dpmpp_2m", 10)[:-1]]
+    plan = _plan(tome_core.ToMeSettings(cache=True, cache_interval=3, cache_schedule="time"), times)
+    assert plan == "fccfcfcccf"
+
+
 def test_an_even_spacing_rounded_to_integer_timesteps_stays_the_uniform_schedule():
     """diffusers' UniPC runs ``linspace(0, 999, 21).round()``: steps of 49, 50 or 51, never exactly N averages."""
     times = torch.linspace(0, 999, 21).round().flip(0)[:-1].tolist()

@@ -11,7 +11,9 @@ outside ``cache_start <= progress < cache_end``; and a stream never goes ``cache
   spacing of the timesteps (Euler, Euler a, DDIM and UniPC on the WebUI's default schedule) this is the uniform
   schedule; under Karras' and the exponential sigmas, which cross the middle of the trajectory (where the image
   forms) in steps twice as long in time and its ends in short ones, it puts the full steps where the time goes, in
-  no more of them. It needs the pass's step count and the call's timestep (read back as a number, once per call);
+  no more of them: where the time alone would run more full steps than the uniform schedule (one more, at some step
+  counts), the step is cached while the full steps so far and those the rest of the pass needs would exceed the
+  uniform schedule's count. It needs the pass's step count and the call's timestep (read back as a number, once per call);
   without them it is the uniform schedule.
 * ``adaptive``: a step is also full when the UNet's input has moved away from where the stream expected it by more
   than ``cache_threshold``: the relative L1 distance between the call's input and its forecast from the stream's last
@@ -81,6 +83,7 @@ class Refresh:
         self._inputs = Track(settings.cache_forecast) if self.adaptive else None
         self._start: tuple[float, float] | None = None  # time: the progress and time of the stream's first full step
         self._last_time: float | None = None  # time: the sampler time of its last full step
+        self._fulls = 0  # time: the stream's full steps so far
         self.last_signal: float | None = None  # the adaptive signal of the last candidate (for reports and tests)
 
     def may_cache(
@@ -107,7 +110,11 @@ class Refresh:
                 return False
             average = start / max(steps * (1 - first), 1)  # the stream's time per step, down to 0
             # within N average steps (a step N of them away, as at an even spacing, is full: :data:`TOLERANCE`)
-            return self._last_time - float(step_time) < self.settings.cache_interval * average * (1 - TOLERANCE)
+            if self._last_time - float(step_time) < self.settings.cache_interval * average * (1 - TOLERANCE):
+                return True
+            # no more full steps than the uniform schedule's: this one and those the rest of the pass needs must fit
+            needed = -(-(steps - 1 - step) // interval)
+            return self._fulls + 1 + needed > _uniform_fulls(self.settings, steps)
         if not may_cache(self.settings, step, progress, last, since_full):
             return False
         if self._inputs is None:
@@ -124,6 +131,7 @@ class Refresh:
         if self.timed:
             step_time = time if step_time is None else step_time
             self._last_time = None if step_time is None else float(step_time)
+            self._fulls += 1
             if self._start is None and self._last_time is not None and progress is not None:
                 self._start = (progress, self._last_time)
         if self._inputs is not None and _usable(x):
@@ -132,6 +140,11 @@ class Refresh:
     def tracks(self) -> tuple[Track, ...]:
         """What the schedule holds (the adaptive one: the subsampled inputs of the last full steps)."""
         return () if self._inputs is None else (self._inputs,)
+
+
+def _uniform_fulls(settings: ToMeSettings, steps: int) -> int:
+    """The full steps of a ``steps``-step pass on the uniform schedule."""
+    return uniform_plan(settings, steps).count(False)
 
 
 def _usable(x: object) -> bool:
