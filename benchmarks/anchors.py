@@ -38,8 +38,8 @@ import torch
 from ldm.modules.diffusionmodules.util import timestep_embedding
 from torch import nn
 
-from tome_core.forecast import Time
 from tome_core.settings import ToMeSettings
+from tome_core.steps import Call
 
 KINDS = ("full", "partial", "first", "skip")
 """What a step cost: the whole UNet; our cached step (the shallow branch); FBCache's skipped step (the UNet's first
@@ -338,10 +338,10 @@ class FixedSteps:
     def __call__(self, settings: ToMeSettings) -> FixedSteps:
         return self
 
-    def may_cache(self, step, progress, last: bool, since_full, x, time: Time, steps=None, step_time=None) -> bool:
-        return step not in self.full_steps and not last and step > 0
+    def may_cache(self, call: Call, since_full: int, x, timed: bool = True) -> bool:
+        return call.step not in self.full_steps and not call.last and call.step > 0
 
-    def full(self, x, time: Time, progress=None, step_time=None) -> None:
+    def full(self, call: Call, x) -> None:
         pass
 
     def tracks(self) -> tuple:

@@ -7,6 +7,8 @@ import functools
 import torch
 from torch import nn
 
+from tome_core.steps import Call
+
 
 @functools.cache
 def install_unet_cat_hijack() -> None:
@@ -191,3 +193,18 @@ def make_real_unet(layout: str, seed: int = 0) -> nn.Module:
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """Relative difference ``|a - b| / |b|`` (Frobenius norms)."""
     return ((a - b).norm() / b.norm()).item()
+
+
+def step_call(step: int, steps: int, time: torch.Tensor | float) -> Call:
+    """Step ``step`` of a ``steps``-step pass, its progress reported, called at ``time``: as a schedule sees it."""
+    return Call(
+        size=None,
+        batch=None,
+        progress=step / steps,
+        key=step / steps,
+        step=step,
+        index=0,
+        restarted=False,
+        steps=steps,
+        time=time,
+    )

@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 import torch
-from models import make_unet, photo_latents
+from models import make_unet, photo_latents, step_call
 
 import tome_core
 from benchmarks import sampler as S
@@ -95,13 +95,12 @@ def test_one_full_step_known_every_forecast_is_the_last_features():
 
 def _plan(settings: tome_core.ToMeSettings, times: list[float], report_steps: bool = True) -> str:
     refresh, last_full, out = Refresh(settings.resolved("calibrated", "time")), 0, ""
-    steps = len(times)
     for i, t in enumerate(times):
-        step_count = steps if report_steps else None
-        if refresh.may_cache(i, i / steps, i == steps - 1, i - last_full, None, torch.tensor(t), step_count):
+        call = step_call(i, len(times), torch.tensor(t))
+        if refresh.may_cache(call, i - last_full, None, timed=report_steps):
             out += "c"
         else:
-            refresh.full(None, torch.tensor(t), i / steps)
+            refresh.full(call, None)
             last_full, out = i, out + "f"
     return out
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models import make_unet, photo_latents
+from models import make_unet, photo_latents, step_call
 
 import tome_core
 from tome_core.forecast import Track
@@ -82,10 +82,11 @@ def test_the_adaptive_schedule_keeps_the_guard_rails_for_any_threshold(threshold
     refresh, last_full, cached = Refresh(settings.resolved("calibrated", "time")), 0, []
     for i in range(steps):
         x = x * 0.9 + 0.1 * torch.randn(x.shape, generator=gen)  # a wandering trajectory
-        ok = refresh.may_cache(i, i / steps, i == steps - 1, i - last_full, x, torch.tensor(999.0 - 50 * i))
+        call = step_call(i, steps, torch.tensor(999.0 - 50 * i))
+        ok = refresh.may_cache(call, i - last_full, x)
         assert not ok or may_cache(settings, i, i / steps, i == steps - 1, i - last_full)
         if not ok:
-            refresh.full(x, torch.tensor(999.0 - 50 * i))
+            refresh.full(call, x)
             last_full = i
         cached.append(ok)
     assert not cached[0] and not cached[-1]
@@ -105,10 +106,11 @@ def _adaptive_plan(threshold: float, bend: bool) -> str:
     for i in range(16):
         t = 999.0 - 60 * i
         x = a + b * (t / 1000) + (torch.sin(torch.tensor(i / 2.0)) * a if bend else 0)  # straight, or bending
-        if refresh.may_cache(i, i / 16, i == 15, i - last_full, x, torch.tensor(t)):
+        call = step_call(i, 16, torch.tensor(t))
+        if refresh.may_cache(call, i - last_full, x):
             out += "c"
         else:
-            refresh.full(x, torch.tensor(t))
+            refresh.full(call, x)
             last_full, out = i, out + "f"
     return out
 

@@ -245,16 +245,14 @@ class StepCache:
         same = stream is not None and stream.shape == call.shape and stream.batch == call.batch
         fits = same and bool(stream.passes) and all(self._complete(p) for p in stream.passes)
         since_full = call.step - stream.last_full if stream is not None else 0
-        steps = None if self._two_times else call.steps  # no step count: the time schedule is the uniform one
-        decide = (call.step, call.progress, call.last, since_full, x, call.time, steps, call.step_time)
-        if fits and stream.refresh.may_cache(*decide):
+        if fits and stream.refresh.may_cache(call, since_full, x, timed=not self._two_times):
             self._begin_call(stream, cached=True)
             self._cached += 1
             self._count(call, full=False)
             return
         refresh, tracks = (stream.refresh, stream.tracks) if same else (self.refresh(self.settings), [])
         self._streams[key] = stream = _Stream(call.shape, call.batch, call.step, refresh, tracks=tracks)
-        refresh.full(x, call.time, call.progress, call.step_time)
+        refresh.full(call, x)
         self._begin_call(stream, cached=False)
         self._full += 1
         self._count(call, full=True)

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from .forecast import Time, Track
+from .forecast import Track
 from .settings import AUTO, ToMeSettings
+from .steps import Call
 
 SUBSAMPLE = 4
 """The signal's stride per side over the latent (1/16 of its pixels)."""
@@ -86,23 +87,15 @@ class Refresh:
         self._fulls = 0  # time: the stream's full steps so far
         self.last_signal: float | None = None  # the adaptive signal of the last candidate (for reports and tests)
 
-    def may_cache(
-        self,
-        step: int,
-        progress: float | None,
-        last: bool,
-        since_full: int,
-        x: torch.Tensor | None,
-        time: Time,
-        steps: int | None = None,
-        step_time: Time = None,
-    ) -> bool:
-        """Whether this call may be cached: the guard rails, then (time) the sampler time since the last full step, or
-        (adaptive) the input's distance from its forecast. ``steps``: the pass's step count, if known; ``step_time``:
-        the time of the step's first call, by which the time schedule places every call of the step (default
-        ``time``), so that the streams of a step decide alike (DPM++ SDE's second call runs at another time)."""
+    def may_cache(self, call: Call, since_full: int, x: torch.Tensor | None, timed: bool = True) -> bool:
+        """Whether ``call`` (on the input ``x``, ``since_full`` steps after the stream's last full one) may be cached:
+        the guard rails, then (time) the sampler time since the last full step, or (adaptive) the input's distance
+        from its forecast. The time schedule needs the pass's step count and places every call of a step by the
+        step's first call's time (``call.step_time``), so that the streams of a step decide alike (DPM++ SDE's second
+        call runs at another time); ``timed=False`` makes it the uniform schedule for this call."""
         self.last_signal = None
-        step_time = time if step_time is None else step_time
+        step, progress, last, steps = call.step, call.progress, call.last, call.steps if timed else None
+        step_time = call.time if call.step_time is None else call.step_time
         if self.timed and self._start is not None and self._last_time is not None and steps and step_time is not None:
             first, start = self._start
             interval = 2 * self.settings.cache_interval - 1
@@ -119,23 +112,22 @@ class Refresh:
             return False
         if self._inputs is None:
             return True
-        expected = self._inputs.predict(time) if _usable(x) else None
+        expected = self._inputs.predict(call.time) if _usable(x) else None
         if expected is None or expected.shape != _signal(x).shape:
             return False
         self.last_signal = _relative_l1(_signal(x), expected)
         return self.last_signal < self.settings.cache_threshold
 
-    def full(self, x: torch.Tensor | None, time: Time, progress: float | None = None, step_time: Time = None) -> None:
-        """The stream ran a full step on ``x`` at ``time`` (``progress``: of the pass, if reported; ``step_time``: see
-        :meth:`may_cache`)."""
+    def full(self, call: Call, x: torch.Tensor | None) -> None:
+        """The stream ran ``call`` in full on ``x``."""
         if self.timed:
-            step_time = time if step_time is None else step_time
+            step_time = call.time if call.step_time is None else call.step_time
             self._last_time = None if step_time is None else float(step_time)
             self._fulls += 1
-            if self._start is None and self._last_time is not None and progress is not None:
-                self._start = (progress, self._last_time)
+            if self._start is None and self._last_time is not None and call.progress is not None:
+                self._start = (call.progress, self._last_time)
         if self._inputs is not None and _usable(x):
-            self._inputs.add(time, _signal(x).clone())
+            self._inputs.add(call.time, _signal(x).clone())
 
     def tracks(self) -> tuple[Track, ...]:
         """What the schedule holds (the adaptive one: the subsampled inputs of the last full steps)."""
