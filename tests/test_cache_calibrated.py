@@ -6,6 +6,7 @@ a real UNet."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -93,15 +94,17 @@ def test_one_full_step_known_every_forecast_is_the_last_features():
 # --- the time schedule ------------------------------------------------------------------------------------------------
 
 
-def _plan(settings: tome_core.ToMeSettings, times: list[float], report_steps: bool = True) -> str:
-    refresh, last_full, out = Refresh(settings.resolved("calibrated", "time")), 0, ""
-    for i, t in enumerate(times):
-        call = step_call(i, len(times), torch.tensor(t))
-        if refresh.may_cache(call, i - last_full, None, timed=report_steps):
+def _plan(settings: tome_core.ToMeSettings, times: list[float], report_steps: bool = True, begin: int = 0) -> str:
+    """The plan of a pass at ``times`` (its steps' times), the patch applied at step ``begin`` (a refiner's switch)."""
+    resolved = settings.resolved("calibrated", settings.cache_schedule if settings.cache_schedule != "auto" else "time")
+    refresh, last_full, out = Refresh(resolved), 0, ""
+    for k, (i, t) in enumerate(list(enumerate(times))[begin:]):
+        call = replace(step_call(i, len(times), torch.tensor(t)), step=k)  # the patch counts its own calls
+        if refresh.may_cache(call, k - last_full, None, timed=report_steps):
             out += "c"
         else:
             refresh.full(call, None)
-            last_full, out = i, out + "f"
+            last_full, out = k, out + "f"
     return out
 
 
@@ -153,6 +156,20 @@ def test_at_any_step_count_the_time_schedule_runs_no_more_full_steps_than_the_un
     times = [S.sigma_to_t(s) for s in S.schedule("dpmpp_2m", 10)[:-1]]
     plan = _plan(tome_core.ToMeSettings(cache=True, cache_interval=3, cache_schedule="time"), times)
     assert plan == "fccfcfcccf"
+
+
+@pytest.mark.parametrize("sampler", ["dpmpp_2m", "dpmpp_2m_sde"])
+def test_from_a_refiners_switch_the_time_schedule_runs_no_more_full_steps_than_the_uniform_one(sampler):
+    """A patch applied mid-pass counts its calls from 0 while the pass's progress goes on: the count it may not
+    exceed is the uniform schedule's from that step, and the steps left are the pass's."""
+    for steps in range(10, 41, 3):
+        times = [S.sigma_to_t(s) for s in S.schedule(sampler, steps)[:-1]]
+        for interval, begin in itertools.product((2, 3, 4, 5), range(1, steps - 3)):
+            timed, uniform = (
+                _plan(tome_core.ToMeSettings(cache=True, cache_interval=interval, cache_schedule=s), times, begin=begin)
+                for s in ("time", "uniform")
+            )
+            assert timed.count("f") <= uniform.count("f"), (steps, interval, begin, timed, uniform)
 
 
 def test_an_even_spacing_rounded_to_integer_timesteps_stays_the_uniform_schedule():

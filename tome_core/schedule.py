@@ -12,9 +12,9 @@ outside ``cache_start <= progress < cache_end``; and a stream never goes ``cache
   schedule; under Karras' and the exponential sigmas, which cross the middle of the trajectory (where the image
   forms) in steps twice as long in time and its ends in short ones, it puts the full steps where the time goes, in
   no more of them: where the time alone would run more full steps than the uniform schedule (one more, at some step
-  counts), the step is cached while the full steps so far and those the rest of the pass needs would exceed the
-  uniform schedule's count. It needs the pass's step count and the call's timestep (read back as a number, once per call);
-  without them it is the uniform schedule.
+  counts), a step is cached while the full steps so far and those the rest of the pass needs would exceed the
+  uniform schedule's count. It needs the pass's step count and the call's timestep (read back as a number, once per
+  call); without them it is the uniform schedule.
 * ``adaptive``: a step is also full when the UNet's input has moved away from where the stream expected it by more
   than ``cache_threshold``: the relative L1 distance between the call's input and its forecast from the stream's last
   full steps (the same forecast the deep features get, :class:`tome_core.forecast.Track`: linear in the sampler's time,
@@ -61,12 +61,16 @@ def too_short(settings: ToMeSettings, steps: int | None) -> bool:
     return steps is not None and settings.cache_forecast != "off" and steps <= settings.cache_interval + 2
 
 
-def uniform_plan(settings: ToMeSettings, steps: int) -> list[bool]:
-    """Which of a pass's ``steps`` the uniform schedule caches (True) when every step is reported: for counting a run's
-    full and cached steps ahead of it (the adaptive schedule's depend on the run)."""
-    out, last_full = [], 0
-    for step in range(steps):
-        cached = settings.caches and may_cache(settings, step, step / steps, step == steps - 1, step - last_full)
+def uniform_plan(settings: ToMeSettings, steps: int, first: int = 0) -> list[bool]:
+    """Which of a pass's ``steps`` the uniform schedule caches (True) when every step is reported, from step ``first``
+    on (a patch applied mid-pass, at a refiner's switch, begins there, in full): for counting a run's full and cached
+    steps ahead of it (the adaptive schedule's depend on the run)."""
+    out, last_full = [], first
+    for step in range(first, steps):
+        since_full = step - last_full
+        cached = (
+            settings.caches and step > first and may_cache(settings, step, step / steps, step == steps - 1, since_full)
+        )
         last_full = last_full if cached else step
         out.append(cached)
     return out
@@ -106,8 +110,9 @@ class Refresh:
             if self._last_time - float(step_time) < self.settings.cache_interval * average * (1 - TOLERANCE):
                 return True
             # no more full steps than the uniform schedule's: this one and those the rest of the pass needs must fit
-            needed = -(-(steps - 1 - step) // interval)
-            return self._fulls + 1 + needed > _uniform_fulls(self.settings, steps)
+            at = step if progress is None else round(progress * steps)  # the pass's step (a refiner's starts late)
+            needed = -(-(steps - 1 - at) // interval)
+            return self._fulls + 1 + needed > self._uniform_fulls(steps)
         if not may_cache(self.settings, step, progress, last, since_full):
             return False
         if self._inputs is None:
@@ -129,14 +134,14 @@ class Refresh:
         if self._inputs is not None and _usable(x):
             self._inputs.add(call.time, _signal(x).clone())
 
+    def _uniform_fulls(self, steps: int) -> int:
+        """The full steps the uniform schedule runs in this stream's pass of ``steps``, from its first full step."""
+        first = round(self._start[0] * steps) if self._start is not None else 0
+        return uniform_plan(self.settings, steps, first).count(False)
+
     def tracks(self) -> tuple[Track, ...]:
         """What the schedule holds (the adaptive one: the subsampled inputs of the last full steps)."""
         return () if self._inputs is None else (self._inputs,)
-
-
-def _uniform_fulls(settings: ToMeSettings, steps: int) -> int:
-    """The full steps of a ``steps``-step pass on the uniform schedule."""
-    return uniform_plan(settings, steps).count(False)
 
 
 def _usable(x: object) -> bool:
