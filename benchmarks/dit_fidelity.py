@@ -132,8 +132,8 @@ ANCHORS = (
 )
 """First Block Cache at the thresholds FLUX users quote; TeaCache at its published FLUX thresholds (1.5–2.25× on
 FLUX.1-dev) with its published polynomial, and with one fitted to this model on seeds of their own; TaylorSeer at its
-FLUX defaults (order 1, interval 6) and order 2; FoCa on TaylorSeer's schedule; MagCache with ratios calibrated here; EasyCache and LazyCache at
-ComfyUI's default threshold (0.2) and half of it."""
+FLUX defaults (order 1, interval 6) and order 2; FoCa on TaylorSeer's schedule; MagCache with ratios calibrated here;
+EasyCache and LazyCache at ComfyUI's default threshold (0.2) and half of it."""
 CALIBRATION_SEEDS = range(1000, 1008)
 
 

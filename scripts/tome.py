@@ -254,7 +254,7 @@ class ToMeScript(scripts.Script):
             settings = settings.replace(ratio=0.0, method="merge")  # the step cache alone
         if not _patch(p, run, settings, *_pass_models(p, run, settings)):
             return
-        if settings.use_rand and settings.merges:  # the seed of the random partition; the cache alone draws none
+        if ext.records_seed(settings):
             p.extra_generation_params[S.spec("seed").infotext] = settings.seed
         _write_note(p, run)
 

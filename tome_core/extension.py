@@ -184,6 +184,12 @@ EARLIER_CACHE = {"cache_schedule": "uniform"}
 uniform schedule, and the forecast ``linear`` if it has ``ToMe cache steps`` (issue 23's version), else ``off``."""
 
 
+def records_seed(settings: ToMeSettings) -> bool:
+    """Whether the infotext gets the seed actually used: the random partition is on and something is merged (the
+    cache alone draws no partition)."""
+    return settings.use_rand and settings.merges
+
+
 def infotext(settings: ToMeSettings, used_seed: int | None) -> dict[str, Any]:
     """Infotext entries for an enabled run: ``ToMe: True`` and every field that differs from its default (with the
     cache on, its forecast and schedule whatever they are); the seed actually used whenever the random partition is
@@ -194,8 +200,8 @@ def infotext(settings: ToMeSettings, used_seed: int | None) -> dict[str, Any]:
             continue
         value = getattr(settings, name)
         if name == "seed" and settings.use_rand and used_seed is not None:
-            if not settings.merges:
-                continue  # the cache alone draws no partition
+            if not records_seed(settings):
+                continue
             value = used_seed
         elif name in ALWAYS_WITH_CACHE and settings.cache:
             pass
