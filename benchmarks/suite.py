@@ -13,7 +13,7 @@ synchronises only around each timed region), after a warm-up round of every vari
 Variants (ratio 0.5, top-left destinations so that outputs are comparable with tomesd's):
   baseline, tomesd 0.1.3 (max_downsample = ours resolved), ours exact (the default), share_plan,
   plan_interval=2, share_plan + plan_interval=2, downsample (ToDo, factor 2), and the limit: exact
-  merging whose plans were computed in an untimed forward beforehand (``Patch.freeze_plans``) — the
+  merging whose plans were computed in an untimed forward beforehand (``Planner.freeze_plans``) — the
   same token counts and merge/unmerge gathers, the plan free.
 
 Writes its section of benchmarks/RESULTS.md (between markers; other sections are kept) and
@@ -293,7 +293,7 @@ def run_config(
             patch = switch(unet, variant, config.layout)
             if variant == "limit":
                 assert patch is not None
-                patch.freeze_plans = True
+                patch.planner.freeze_plans = True
                 forward(x, t)  # untimed: computes and keeps every block's plan, which are then reused
             inputs = [(x, t), (x2, t2)] if variant in REUSE else [(x, t)]
             with Timer(device) as timer:

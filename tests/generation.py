@@ -45,7 +45,7 @@ class Spy:
         self.outputs.append([o.clone() for o in out] if isinstance(out, list) else out.clone())
         patch = tome_core.get_patch(module)
         self.active.append(patch.active if patch else None)
-        self.plans.append(patch.plans_computed if patch else None)
+        self.plans.append(patch.planner.plans_computed if patch else None)
         self.cached.append(bool(patch and patch.cache and patch.cache.cached_now))
 
     def close(self):

@@ -163,7 +163,7 @@ def test_token_merging_acts_on_the_shallow_path_of_cached_steps(unet):
     alone, _ = with_patch(unet, ratio=0.0, cache=True, cache_interval=3)
     patch = tome_core.apply_patch(unet, ratio=0.5, seed=1, cache=True, cache_interval=3)
     plans = []
-    hook = unet.output_blocks[11].register_forward_hook(lambda *a: plans.append(patch.plans_computed))
+    hook = unet.output_blocks[11].register_forward_hook(lambda *a: plans.append(patch.planner.plans_computed))
     try:
         both = run(unet, patch)
     finally:

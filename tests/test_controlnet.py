@@ -212,7 +212,7 @@ def test_sdxl_layout_control_model_merges_at_its_first_attention_level_and_remov
     )
     base = net(**call)
     patch = tome_core.apply_patch(net, ratio=0.5, max_downsample="auto", use_rand=True, seed=3)
-    assert patch.auto_downsample == 2 and len(patch.blocks) == 9
+    assert patch.planner.auto_downsample == 2 and len(patch.blocks) == 9
     merged = net(**call)
     tome_core.remove_patch(net)
     assert all(((a - b).norm() / b.norm()).item() > 1e-3 for a, b in zip(merged[-3:], base[-3:]))

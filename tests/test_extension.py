@@ -432,7 +432,7 @@ def test_sdxl_generation_merges_with_default_settings():
             _, spy = generate(txt, args_with(txt, [True]), model, width=128, height=128, steps=2)
         finally:
             hook.remove()
-        assert patches and all(p is not None and p.auto_downsample == 2 for p in patches)
+        assert patches and all(p is not None and p.planner.auto_downsample == 2 for p in patches)
         assert spy.calls and all(s.max_downsample == "auto" for s in spy.calls)
         assert not any(torch.equal(a, b) for a, b in zip(spy.outputs, base_spy.outputs))  # really merged
         assert tome_core.get_patch(model) is None

@@ -18,7 +18,8 @@ from models import Holder, photo_latents, rel
 from torch import nn
 
 import tome_core
-from tome_core.patch import find_unet, level_sizes, transformer_blocks
+from tome_core.patch import find_unet, transformer_blocks
+from tome_core.planning import level_sizes
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +203,7 @@ def test_max_downsample_auto_is_read_from_forges_config_before_any_forward(pairs
     assert not hasattr(forge, "attention_resolutions")
     assert forge.config["transformer_depth"][:2] == [0, 0]  # no transformer blocks at full resolution
     with patched(forge, pairs["sd15"][1], max_downsample="auto") as (sdxl, sd15):
-        assert sdxl.auto_downsample == 2 and sd15.auto_downsample == 1
+        assert sdxl.planner.auto_downsample == 2 and sd15.planner.auto_downsample == 1
 
 
 def test_forge_controlnet_patched_equals_the_ldm_one_patched():

@@ -107,7 +107,7 @@ def test_without_resizing_the_live_grid_is_the_latent_size_level(unet, grids, si
     tome_core.apply_patch(holder, ratio=0.5, max_downsample=8, use_rand=True, seed=1)
     unet(x, t, ctx)
     tome_core.remove_patch(holder)
-    levels = [(h, w) for _, h, w in tome_core.patch.level_sizes(*size)][:4]  # SD1.5: blocks down to the middle one
+    levels = [(h, w) for _, h, w in tome_core.planning.level_sizes(*size)][:4]  # SD1.5: blocks down to the middle one
     assert {(h, w) for _, h, w in grids} == set(levels)
 
 

@@ -27,15 +27,8 @@ step index / steps of the sampling pass, see ``extension.sampling_position``; th
 at 0); when nothing was reported it is derived from the UNet call's timestep as ``1 - t / 1000`` (a
 1000-step DDPM schedule). An inactive call touches nothing, so it is bit-identical to the unpatched model.
 
-Plan reuse: with ``share_plan`` the first block of each UNet level computes the plan and the level's
-other blocks of that forward reuse it; with ``plan_interval = k`` a plan is recomputed only every
-``k`` sampling steps. Steps are told apart by the reported progress (or, without one, the timestep);
-the UNet calls of one step are numbered, so separate cond and uncond calls each reuse their own plan.
-
-A block's grid is the live one of its ``SpatialTransformer`` when its token count is that grid's; its level
-(what ``max_downsample`` and ToDo's factor read) is the latent-size level of that grid, or, for a grid resized
-inside the UNet, the nearest power of two by area. Without a live grid the level and grid come from the token count
-against the recorded latent size; a call whose token count fits neither runs unmerged (warned once).
+Merge plans, and the level and token grid of a block's tokens they are made on, come from
+:class:`~tome_core.planning.Planner` (plan reuse, random partitions from the seed).
 
 Another extension that takes an attention layer over (:mod:`tome_core.neighbours`: Hypertile's tiling, Mikubill's
 ControlNet-LLLite, a module that is no attention any more) gets that layer's input as it is, per call, and the
@@ -55,8 +48,6 @@ SD3, Chroma: patched with no hooks at all), blocks whose ``attn1`` never ran (re
 from __future__ import annotations
 
 import logging
-import math
-import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +59,7 @@ from . import merge as tm
 from . import neighbours
 from .cache import ControlFollower, StepCache
 from .families import is_transformer
+from .planning import Planner
 from .report import MergeReport
 from .settings import ToMeSettings
 from .steps import StepClock, unet_input
@@ -76,7 +68,6 @@ log = logging.getLogger("tome_core")
 
 _ATTR = "_tome_core_patch"  # our only attribute on the root module; tomesd's remove_patch ignores it
 _TARGETS = (("attn1", "merge_attn"), ("attn2", "merge_crossattn"), ("ff", "merge_mlp"))
-_MAX_LEVELS = 8
 
 
 def _attr(obj: Any, path: str) -> Any:
@@ -128,28 +119,6 @@ def has_transformer_blocks(root: nn.Module) -> bool:
     return next(transformer_blocks(root), None) is not None
 
 
-def level_sizes(h: int, w: int) -> Iterator[tuple[int, int, int]]:
-    """``(downsample, h, w)`` of each UNet level: stride-2 convolutions with padding 1 round up."""
-    for k in range(_MAX_LEVELS):
-        yield 2**k, h, w
-        h, w = (h + 1) // 2, (w + 1) // 2
-
-
-def _mix(*values: int) -> int:
-    """A stable 63-bit mix of integers (splitmix64), identical in every process."""
-    z = 0x9E3779B97F4A7C15
-    for v in values:
-        z = (z ^ (v & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
-        z ^= z >> 31
-    return z & 0x7FFFFFFFFFFFFFFF
-
-
-def _bits(value: float | None) -> int:
-    """The bits of a float (0 for none): the cond and uncond passes of one step share their timestep."""
-    return 0 if value is None else struct.unpack("<q", struct.pack("<d", value))[0]
-
-
 @dataclass
 class _BlockCall:
     """One running transformer block: its input and, once needed, its merge plan."""
@@ -178,12 +147,6 @@ class _Shortfalls:
 _LAYERS = {"attn1": "self-attention", "attn2": "cross-attention", "ff": "MLP"}
 
 
-@dataclass
-class _CachedPlan:
-    step: int  # step index at which the plan was computed
-    plan: tm.MergePlan
-
-
 class Patch:
     """The token-merging patch of one root module. Create through :func:`apply_patch`."""
 
@@ -194,15 +157,9 @@ class Patch:
         self.name = name or type(root).__name__  # what the report's notes call the model
         self.settings = settings
         self.clock = StepClock()
-        self.size: tuple[int, int] | None = None
         self.active = True  # whether the current UNet call is inside the step schedule
-        self.forward_key = 0
         self.current: _BlockCall | None = None
-        self.plans_computed = 0  # merge plans computed so far (plan reuse is measured by it)
-        self.freeze_plans = False  # measurement aid: reuse every cached plan forever (the benchmark's "limit")
         self._active: dict[int, tm.MergePlan] = {}
-        self._partitions: dict[tuple, tm.Partition] = {}
-        self._plans: dict[tuple, _CachedPlan] = {}
         self._warned: set[str] = set()
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._subs: dict[tuple[int, str], tuple[nn.Module, list[torch.utils.hooks.RemovableHandle]]] = {}
@@ -212,40 +169,12 @@ class Patch:
         self._grids: dict[int, tuple[int, int]] = {}  # holder -> h x w of its input while it runs
         self._shortfalls = _Shortfalls()
         self._plans_in_block_pre = settings.method == "merge" and (settings.merge_crossattn or settings.merge_mlp)
-        self.auto_downsample = self._auto_downsample()
+        self.planner = Planner(root, settings, self._unfit)
         self.cache = StepCache(root, settings) if settings.caches else None  # SettingsError before any hook
         # a model with no UNet transformer blocks that a family knows as a diffusion transformer (the report's note)
         self.transformer = not self.blocks and is_transformer(root)
         self.follower = ControlFollower(root, leader) if leader is not None else None  # a control model's
         self._install()
-
-    # --- configuration ------------------------------------------------------------------------
-    def _auto_downsample(self) -> int | None:
-        """The highest level with transformer blocks, from the module's configuration: ldm's
-        ``attention_resolutions``, else Forge's ``config`` (``transformer_depth`` per input res-block,
-        ``num_res_blocks``, ``channel_mult``); None when neither says (the first block seen decides)."""
-        res = getattr(self.root, "attention_resolutions", None)
-        try:
-            values = [int(v) for v in res] if res is not None else []
-        except (TypeError, ValueError):
-            values = []
-        return min(values) if values else _first_level_with_blocks(self.root)
-
-    @property
-    def seed(self) -> int:
-        return max(self.settings.seed, 0)
-
-    def _highest_level(self, level_downsample: int) -> int:
-        """Downsample of the highest-resolution level with transformer blocks: from the module's configuration
-        (:meth:`_auto_downsample`), else the level of the first block seen (the first block of a forward is the
-        highest level)."""
-        if self.auto_downsample is None:
-            self.auto_downsample = level_downsample
-        return self.auto_downsample
-
-    def _max_downsample(self, level_downsample: int) -> int:
-        md = self.settings.max_downsample
-        return self._highest_level(level_downsample) if md == "auto" else int(md)
 
     @property
     def progress(self) -> float | None:
@@ -265,11 +194,6 @@ class Patch:
         if progress is None:
             return True
         return s.start <= progress and (progress < s.end or s.end >= 1.0)
-
-    @property
-    def _caches_plans(self) -> bool:
-        s = self.settings
-        return self.freeze_plans or s.share_plan or s.plan_interval > 1
 
     # --- hooks ------------------------------------------------------------------------------------
     def _install(self) -> None:
@@ -353,16 +277,11 @@ class Patch:
         layout = self.cache.layout if self.cache is not None else None
         x, timesteps = (layout.place if layout is not None else unet_input)(module, args, kwargs)
         call = self.clock.begin(x, timesteps, kwargs, read_timestep=self._needs_timestep)
-        if call.size is not None:
-            self.size = call.size
         self.current = None
         self._active.clear()
         self._grids.clear()
         self.active = self._in_schedule(call.progress)
-        if call.restarted and not self.freeze_plans:
-            self._plans.clear()
-        if self.settings.use_rand:
-            self.forward_key = _mix(self.seed, _bits(call.key))
+        self.planner.begin(call)
         if self.cache is not None:
             self.cache.begin(call, x)
 
@@ -372,7 +291,7 @@ class Patch:
         s = self.settings
         if s.caches:
             return True
-        return s.merges and (s.use_rand or self._caches_plans or s.start > 0 or s.end < 1)
+        return s.merges and (s.use_rand or self.planner.reuses or s.start > 0 or s.end < 1)
 
     def _holder_pre(self, holder: nn.Module, args: tuple, kwargs: dict) -> None:
         """A SpatialTransformer starts: the grid of its 4-D input is its blocks' token grid for this call."""
@@ -404,14 +323,14 @@ class Patch:
         tokens: merge it (at least one token at a level up to ``max_downsample``) or, for ``attn1``, downsample its
         keys/values (a factor above 1 there)."""
         s = self.settings
-        geometry = self._geometry(num_tokens, call, warn=False)
+        geometry = self.planner.geometry(num_tokens, call.grid)
         if geometry is None:
             return False
         level = geometry[0]
         if s.method == "downsample":
-            return name == "attn1" and self._kv_factor(level) > 1
+            return name == "attn1" and self.planner.kv_factor(level) > 1
         flag = getattr(s, dict(_TARGETS)[name])
-        return flag and level <= self._max_downsample(level) and int(num_tokens * s.ratio) > 0
+        return flag and level <= self.planner.max_downsample(level) and int(num_tokens * s.ratio) > 0
 
     def _steps_aside(self, call: _BlockCall, name: str, sub: nn.Module, num_tokens: int) -> bool:
         """Whether another extension takes this attention call over (:func:`neighbours.taken_over`): then its input
@@ -489,24 +408,16 @@ class Patch:
             return None
         return plan.unmerge(output)
 
-    # --- token downsampling (ToDo) -------------------------------------------------------------
-    def _kv_factor(self, downsample: int) -> int:
-        """Key/value subsampling factor per side at a level: ``downsample_factor`` at the highest-resolution
-        level with transformer blocks, halved per level below it (at least 1), 1 above ``max_downsample``."""
-        if downsample > self._max_downsample(downsample):
-            return 1
-        base = self._highest_level(downsample)
-        return max(1, self.settings.downsample_factor * base // max(downsample, base))
-
     def _downsample_kv(self, call: _BlockCall, name: str, args: tuple, kwargs: dict) -> Any:
         if name != "attn1" or not args or not isinstance(args[0], torch.Tensor) or args[0].dim() != 3:
             return None
         hidden = args[0]
-        geometry = self._geometry(hidden.shape[1], call)
+        geometry = self.planner.geometry(hidden.shape[1], call.grid)
         if geometry is None:
+            self._unfit(call.ordinal, hidden.shape[1])
             return None
         downsample, h, w = geometry
-        factor = self._kv_factor(downsample)
+        factor = self.planner.kv_factor(downsample)
         if factor <= 1 or not self._own_kv(call, hidden, args, kwargs, "todo_off"):
             return None
         down = tm.downsample_tokens(hidden, h, w, factor)
@@ -515,91 +426,20 @@ class Patch:
             kwargs["value"] = down  # (Forge's CrossAttention then takes the values from ``context``)
         return args[:1], kwargs
 
-    # --- planning ---------------------------------------------------------------------------------
     def _plan(self, call: _BlockCall) -> tm.MergePlan | None:
+        """The block call's merge plan, made (or reused) once per call."""
         if not call.planned:
             call.planned = True
-            call.plan = self._reused_plan(call)
+            call.plan = self.planner.plan(call.x, call.ordinal, call.grid)
         return call.plan
 
-    def _reused_plan(self, call: _BlockCall) -> tm.MergePlan | None:
-        if not self._caches_plans:
-            return self._make_plan(call.x, call.ordinal)
-        s = self.settings
-        n, b = call.x.shape[1], call.x.shape[0]
-        slot = ("level", n) if s.share_plan else ("block", call.ordinal)
-        call_in_step = self.clock.call.index if self.clock.call is not None else 0
-        key = (0 if self.freeze_plans else call_in_step, *slot)
-        cached = self._plans.get(key)
-        fits = cached is not None and cached.plan.num_tokens == n and cached.plan.batch == b
-        step = self.clock.call.step if self.clock.call is not None else 0
-        if fits and (self.freeze_plans or step - cached.step < s.plan_interval):
-            return cached.plan
-        plan = self._make_plan(call.x, call.ordinal)
-        if plan is not None:
-            self._plans[key] = _CachedPlan(step, plan)
-        return plan
-
-    def _geometry(
-        self, num_tokens: int, call: _BlockCall | None = None, warn: bool = True
-    ) -> tuple[int, int, int] | None:
-        """``(downsample, h, w)`` of a block call's ``num_tokens`` tokens: its live grid (:meth:`_holder_pre`) if
-        that has as many tokens, with the level of :meth:`_level_of`; else the level of the recorded latent size
-        with that many tokens; None (warned once, the block counted as unfit) if neither fits."""
-        call = self.current if call is None else call
-        grid = call.grid if call is not None else None
-        if grid is not None and grid[0] * grid[1] == num_tokens and self.size is not None:
-            return (self._level_of(grid), *grid)
-        if self.size is not None:
-            for level in level_sizes(*self.size):
-                if level[1] * level[2] == num_tokens:
-                    return level
-        if not warn:
-            return None
-        if call is not None:
-            self._shortfalls.unfit.add(self._index[id(call.block)])
+    def _unfit(self, ordinal: int, num_tokens: int) -> None:
+        """A block's tokens fit no grid of the latent (:meth:`Planner.geometry`): it runs unmerged, counted and warned."""
+        self._shortfalls.unfit.add(ordinal)
         self._warn_once(
             "geometry",
-            f"ToMe: a block with {num_tokens} tokens does not fit the latent size {self.size}; it runs unmerged",
+            f"ToMe: a block with {num_tokens} tokens does not fit the latent size {self.planner.size}; it runs unmerged",
         )
-        return None
-
-    def _level_of(self, grid: tuple[int, int]) -> int:
-        """The downsample of a live grid: the latent-size level of that size, else (features resized inside the
-        UNet) the power of two nearest to the latent-to-grid ratio by area (at least 1)."""
-        assert self.size is not None
-        for downsample, h, w in level_sizes(*self.size):
-            if (h, w) == grid:
-                return downsample
-        ratio = math.sqrt(self.size[0] * self.size[1] / max(grid[0] * grid[1], 1))
-        return 2 ** max(0, round(math.log2(ratio)))
-
-    def _make_plan(self, x: torch.Tensor, ordinal: int) -> tm.MergePlan | None:
-        s = self.settings
-        geometry = self._geometry(x.shape[1])
-        if geometry is None:
-            return None
-        downsample, h, w = geometry
-        if downsample > self._max_downsample(downsample):
-            return None
-        r = int(x.shape[1] * s.ratio)
-        if r <= 0:
-            return None
-        part = self._partition(h, w, x.device, ordinal)
-        if part.dst.numel() == 0:
-            return None
-        self.plans_computed += 1
-        return tm.plan_merge(x, part, r)
-
-    def _partition(self, h: int, w: int, device: torch.device, ordinal: int) -> tm.Partition:
-        s = self.settings
-        if not s.use_rand:
-            key = (h, w, s.sx, s.sy, device)
-            if key not in self._partitions:
-                self._partitions[key] = tm.make_partition(h, w, s.sx, s.sy, None, device)
-            return self._partitions[key]
-        generator = torch.Generator().manual_seed(_mix(self.forward_key, ordinal))
-        return tm.make_partition(h, w, s.sx, s.sy, generator, device)
 
     # --- what was not merged ----------------------------------------------------------------------
     def report(self) -> MergeReport:
@@ -636,30 +476,6 @@ def _block_holders(root: nn.Module, index: Mapping[int, int]) -> Iterator[nn.Mod
         inner = getattr(module, "transformer_blocks", None)
         if isinstance(inner, nn.ModuleList) and any(id(block) in index for block in inner):
             yield module
-
-
-def _first_level_with_blocks(root: nn.Module) -> int | None:
-    """Downsample factor of the highest level with transformer blocks from a Forge-style ``config``
-    (huggingface_guess's: ``transformer_depth`` per input res-block, ``num_res_blocks``, ``channel_mult``),
-    or the same attributes on the module; None when they are missing or do not add up."""
-    config = getattr(root, "config", None)
-    config = config if isinstance(config, Mapping) else {}
-    depth, nrb, mult = (
-        config.get(k, getattr(root, k, None)) for k in ("transformer_depth", "num_res_blocks", "channel_mult")
-    )
-    try:
-        depth = [int(d) for d in depth]
-        nrb = [int(nrb)] * len(mult) if isinstance(nrb, int) else [int(n) for n in nrb]
-    except (TypeError, ValueError):
-        return None
-    if sum(nrb) != len(depth):
-        return None
-    start = 0
-    for level, count in enumerate(nrb):
-        if any(depth[start : start + count]):
-            return 2**level
-        start += count
-    return None
 
 
 def get_patch(model: Any) -> Patch | None:
