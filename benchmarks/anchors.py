@@ -329,7 +329,7 @@ def quadratic_full_steps(steps: int, count: int, center: float, power: float = 1
 
 
 class FixedSteps:
-    """A schedule for :class:`tome_core.cache.StepCache` (``cache.refresh``) whose full steps are a given list; the guard
+    """A schedule for :class:`tome_core.caching.StepCache` (``cache.make_schedule``) whose full steps are a given list; the guard
     rails (first and last step full) as ours."""
 
     def __init__(self, full_steps: Sequence[int]) -> None:

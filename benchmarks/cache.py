@@ -9,7 +9,7 @@ Part 1, real widths (the shipped SD1.5 and SDXL architectures, random weights: a
 depend on them): SD1.5 at 512 and 1024 px (batch 2: cond + uncond) and SDXL at 1024 px (batch 1). Per mode, in
 interleaved rounds (medians): one full step (the unpatched UNet for plain; ours with the cache on, at its first
 step) and one cached step (branch 0: the step after it). The speed-up of a 20-step Euler + CFG run is derived from
-them with the cache's own schedule (``tome_core.schedule.uniform_plan``: the first and the last step full, a full step
+them with the cache's own schedule (``tome_core.caching.schedule.uniform_plan``: the first and the last step full, a full step
 every N). Part 2, reduced width: the same per-step costs *and* whole 20-step sampling runs (the shared sampling
 loop, progress reported every step), interleaved, so that the derived figure can be checked against the measured
 one within the run's spread. Memory: the deep features the cache holds per cond/uncond chunk (exact bytes), and on
@@ -31,7 +31,7 @@ from benchmarks import sampler as S
 from benchmarks.results import load_run_data, mib, run_meta, save_run_data, verdict, write_section
 from benchmarks.suite import Config, photo_latents
 from benchmarks.timing import Timer, device_and_dtype, prepare
-from tome_core.schedule import uniform_plan
+from tome_core.caching.schedule import uniform_plan
 
 BEGIN, END = "<!-- cache:begin -->", "<!-- cache:end -->"
 STEPS = 20

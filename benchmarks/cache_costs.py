@@ -37,8 +37,8 @@ from benchmarks import anchors
 from benchmarks.results import load_run_data, publish, run_meta, write_section
 from benchmarks.suite import Config
 from benchmarks.timing import Timer
-from tome_core import schedule
-from tome_core.forecast import Track
+from tome_core.caching import schedule
+from tome_core.caching.forecast import Forecast
 
 BEGIN, END = "<!-- cache-costs:begin -->", "<!-- cache-costs:end -->"
 REAL = (Config("sd15", 1024, 320, 2, True), Config("sdxl", 1024, 320, 1, True))
@@ -88,7 +88,7 @@ def measure(config: Config, rounds: int, log) -> ExtraCosts:
     rule.reference, rule.residual = None, torch.randn_like(x)
     deep = [torch.randn(batch, config.channels, side, side, generator=gen) for _ in range(3)]
     skips = [torch.randn_like(d) for d in deep]  # branch 0: input block 0's output, as wide as the deep features
-    track, inputs, calibrated = Track("linear"), Track("linear"), Track("calibrated")
+    track, inputs, calibrated = Forecast("linear"), Forecast("linear"), Forecast("calibrated")
     for i, d in enumerate(deep[:2]):
         track.add(torch.tensor(900.0 - 100 * i), d)
         calibrated.add(torch.tensor(900.0 - 100 * i), d, skips[i])
@@ -111,12 +111,12 @@ def measure(config: Config, rounds: int, log) -> ExtraCosts:
         _ = x + rule.residual
 
     def slope() -> None:
-        fresh = Track("linear")
+        fresh = Forecast("linear")
         fresh.time, fresh.deep = torch.tensor(800.0), deep[0]
         fresh.add(torch.tensor(700.0), deep[2])  # what a full step adds: the slope from the one before
 
     def calibration() -> None:
-        fresh = Track("calibrated")
+        fresh = Forecast("calibrated")
         fresh.time, fresh.deep, fresh.probe = torch.tensor(800.0), deep[0], calibrated.probe
         fresh.add(torch.tensor(700.0), deep[2], skips[2])  # the changes of the features and of the probe
 

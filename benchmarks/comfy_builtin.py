@@ -18,7 +18,7 @@ import torch
 from tomesd.merge import bipartite_soft_matching_random2d
 from torch import nn
 
-from tome_core.patch import transformer_blocks
+from tome_core.families import transformer_blocks
 
 _ATTR = "_comfy_builtin_tome"
 

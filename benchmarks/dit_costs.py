@@ -12,7 +12,7 @@ stream), random weights, built one at a time (FLUX.1's width: hidden 3072 = 24 h
 * ``double``, ``single``: one block's forward;
 * ``outside``: everything of the model's forward outside its blocks (embeddings, RoPE, the final norm and
   projection: the model built with no blocks);
-* ``forecast`` / ``calibrated``: our linear / calibrated forecast (:class:`tome_core.forecast.Track`) of a hidden
+* ``forecast`` / ``calibrated``: our linear / calibrated forecast (:class:`tome_core.caching.forecast.Forecast`) of a hidden
   state as large as the joint sequence, and ``calibration``: the calibrated one's update at a full step;
 * ``signal``: the relative L1 change of a probe's output (First Block Cache's decision, on every 4th token and
   channel as our adaptive schedule subsamples).
@@ -35,7 +35,7 @@ import torch
 from benchmarks.anchors import rel_l1
 from benchmarks.results import load_run_data, publish, run_meta, write_section
 from benchmarks.timing import Timer
-from tome_core.forecast import Track
+from tome_core.caching.forecast import Forecast
 
 BEGIN, END = "<!-- dit-costs:begin -->", "<!-- dit-costs:end -->"
 KINDS = ("double", "single", "outside", "forecast", "calibrated", "calibration", "signal")
@@ -185,13 +185,13 @@ def measure(
     gen = torch.Generator().manual_seed(1)
     tokens = config.image_tokens + config.text_tokens
     states = [torch.randn(1, tokens, config.hidden, generator=gen).to(device, dtype) for _ in range(3)]
-    linear, calibrated = Track("linear"), Track("calibrated")
+    linear, calibrated = Forecast("linear"), Forecast("calibrated")
     for i in range(2):
         linear.add(torch.tensor(0.9 - 0.1 * i), states[i])
         calibrated.add(torch.tensor(0.9 - 0.1 * i), states[i], states[i])
 
     def calibration() -> None:
-        fresh = Track("calibrated")
+        fresh = Forecast("calibrated")
         fresh.time, fresh.deep, fresh.probe = torch.tensor(0.8, device=device), states[0], calibrated.probe
         fresh.add(torch.tensor(0.7), states[2], states[2])
 

@@ -160,7 +160,7 @@ def sample(
 ):
     """One sampling run (``mode`` applied to the transformer for it, removed after): the samples and the pass's steps
     (full, cached). ``short_passes``: the cache caches a pass too short for a forecast as well, instead of standing
-    aside (:func:`tome_core.schedule.too_short`; to measure what it would do)."""
+    aside (:func:`tome_core.caching.schedule.too_short`; to measure what it would do)."""
     patch = None if mode is None else tome_core.apply_settings(model.transformer, mode.settings())
     if patch is not None and patch.cache is not None:
         patch.cache.short_passes = short_passes

@@ -4,7 +4,7 @@ FLUX-layout model, beside the step cache.
 
 Merging, written from ToMe for SD (arXiv 2303.17604) for FLUX's blocks (diffusers' ``FluxTransformerBlock`` and
 ``FluxSingleTransformerBlock``), image by image: each block's incoming image tokens plan a bipartite soft matching
-(:func:`tome_core.merge.plan_merge`: one destination drawn per 2×2 cell of the token grid, the ``ratio`` × tokens
+(:func:`tome_core.merging.merge.plan_merge`: one destination drawn per 2×2 cell of the token grid, the ``ratio`` × tokens
 most similar sources averaged into theirs); the text tokens are never merged; a merged token keeps the RoPE position
 of the token it stands for (a destination's or a kept source's own). Where it acts:
 
@@ -43,7 +43,7 @@ from benchmarks.fidelity.loading import load_flux
 from benchmarks.fidelity.metrics import Estimate, bootstrap, psnr_ssim
 from benchmarks.results import load_run_data, publish, run_meta, write_section
 from benchmarks.timing import Timer
-from tome_core.merge import MergePlan, make_partition, plan_merge
+from tome_core.merging.merge import MergePlan, make_partition, plan_merge
 
 BEGIN, END = "<!-- dit-merge:begin -->", "<!-- dit-merge:end -->"
 WHERE = ("attention", "block")

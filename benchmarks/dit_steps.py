@@ -26,7 +26,7 @@ from benchmarks.fidelity.benchmark import labels_for, noise_for
 from benchmarks.fidelity.loading import load_flux
 from benchmarks.fidelity.metrics import Estimate, bootstrap, psnr_ssim
 from benchmarks.results import load_run_data, publish, write_section
-from tome_core.schedule import too_short
+from tome_core.caching.schedule import too_short
 
 BEGIN, END = "<!-- dit-steps:begin -->", "<!-- dit-steps:end -->"
 STEP_COUNTS = (4, 5, 6, 8, 12, 20)
@@ -78,7 +78,7 @@ def section(data_: dict, meta: dict) -> str:
         f"{dit_fidelity.CFG:g}; {meta['seconds'] / 60:.0f} min (1 torch thread). At each step count, PSNR (dB, mean "
         "[bootstrap 95 %]) against plain with that many steps: our cache (`auto`: linear forecast, uniform schedule) "
         "at N, and plain run with only the cached pass's full steps (about the same cost); the cache's gain over "
-        "those fewer steps, paired by seed; and what the cache does there now (`tome_core.schedule.too_short`: it "
+        "those fewer steps, paired by seed; and what the cache does there now (`tome_core.caching.schedule.too_short`: it "
         "stands aside on a pass of at most N + 2 steps, whose cached steps could only reuse its first full step).",
         "",
         "| steps | N | full steps | cache | plain with the full steps' count | gain | the cache | now |",

@@ -1,7 +1,7 @@
 """Higher-order and global forecasts of the deep features, for :mod:`benchmarks.forecast_study` only (issue 27: "compare
 with a higher-order or global fit"), each written from its paper's description, none from its code. Each keeps what
-:class:`tome_core.forecast.Track` keeps per stream and answers the same calls (``add``, ``predict``, ``nbytes``), so the
-study runs it on the real step cache in place of ``Track``; times are the UNet's timesteps, read back as numbers (a
+:class:`tome_core.caching.forecast.Forecast` keeps per stream and answers the same calls (``add``, ``predict``, ``nbytes``), so the
+study runs it on the real step cache in place of ``Forecast``; times are the UNet's timesteps, read back as numbers (a
 study may synchronise).
 
 With ``x`` the cached step's distance past the last full step in units of the last interval between full steps, and
@@ -37,9 +37,9 @@ import contextlib
 
 import torch
 
-import tome_core.cache as step_cache
+import tome_core.caching.cache as step_cache
 from benchmarks.anchors import chebyshev_ridge
-from tome_core.forecast import subsample
+from tome_core.caching.forecast import subsample
 
 
 class History:
@@ -181,12 +181,12 @@ class CalibratedTaylor(History):
 @contextlib.contextmanager
 def swapped(factory):
     """While inside, the step cache follows each stream's deep features with ``factory(forecast)`` (None: its own)."""
-    original = step_cache.Track
-    step_cache.Track = factory or original
+    original = step_cache.Forecast
+    step_cache.Forecast = factory or original
     try:
         yield
     finally:
-        step_cache.Track = original
+        step_cache.Forecast = original
 
 
 def _solve(target: torch.Tensor, basis: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -52,7 +52,7 @@ class Mode:
     per_seed: bool = False
     family: str = ""
 
-    def apply(self, unet: nn.Module, steps: int | None = None) -> tome_core.Patch | anchors.StepRule | None:
+    def apply(self, unet: nn.Module, steps: int | None = None) -> tome_core.Session | anchors.StepRule | None:
         """Leave ``unet`` as this mode wants it (anything applied before removed) for a pass of ``steps`` steps; our
         patch or the other cache's rule, if any (both take ``set_progress(fraction, steps)``)."""
         tome_core.remove_patch(unet)
@@ -70,7 +70,7 @@ class Mode:
         elif self.settings is not None:
             patch = tome_core.apply_settings(unet, tome_core.ToMeSettings(enabled=True, seed=SEED, **self.settings))
             if self.full_steps is not None and patch.cache is not None:
-                patch.cache.refresh = anchors.FixedSteps(self.full_steps(steps or 20))
+                patch.cache.make_schedule = anchors.FixedSteps(self.full_steps(steps or 20))
             return patch
         return None
 

@@ -6,7 +6,7 @@
 One iteration is one sampling step: one UNet call on the cond and uncond halves batched together
 (batch 2), the guidance mix (scale 7) and the Euler update, on the discrete sigmas of SD's DDPM schedule
 (k-diffusion's ``get_sigmas`` for a ``DiscreteEpsDDPMDenoiser``: timesteps evenly spaced from 999 to 0).
-Like the WebUI script, the loop reports progress to our patch before every step (``Patch.set_progress``),
+Like the WebUI script, the loop reports progress to our patch before every step (``Session.set_progress``),
 so plan reuse and the path that reads nothing back from the device are what the WebUI gets.
 
 Variants (as speed-up over plain it/s):
@@ -69,7 +69,7 @@ class SamplingResult:
         return self.its(variant) / self.its("plain")
 
 
-def switch(unet: torch.nn.Module, variant: str) -> tome_core.Patch | None:
+def switch(unet: torch.nn.Module, variant: str) -> tome_core.Session | None:
     """Leave ``unet`` as ``variant`` wants it; returns our patch, if any."""
     tome_core.remove_patch(unet)
     tomesd.remove_patch(Holder(unet))
@@ -94,7 +94,7 @@ def sample(
     noise: torch.Tensor,
     conditioning: dict[str, torch.Tensor],
     sigmas: list[float],
-    patch: tome_core.Patch | None,
+    patch: tome_core.Session | None,
 ) -> torch.Tensor:
     """Euler with classifier-free guidance (``benchmarks.sampler``'s loop); ``conditioning`` holds the cond then the
     uncond rows; progress is reported to ``patch`` before every step, as the WebUI script does."""

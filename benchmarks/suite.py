@@ -58,8 +58,8 @@ from benchmarks.results import (  # noqa: E402
     write_section,
 )
 from benchmarks.timing import Timer, device_and_dtype, prepare  # noqa: E402
-from tome_core import merge as tm  # noqa: E402
 from tome_core.alloc import AllocationTracker  # noqa: E402
+from tome_core.merging import merge as tm  # noqa: E402
 
 PLOT = ROOT / "benchmarks" / "speedup.png"
 BEGIN, END = "<!-- suite:begin -->", "<!-- suite:end -->"
@@ -195,11 +195,11 @@ def level_downsample(layout: str) -> int:
     return 1 if layout == "sd15" else 2
 
 
-def ours(unet: torch.nn.Module, **extra) -> tome_core.Patch:
+def ours(unet: torch.nn.Module, **extra) -> tome_core.Session:
     return tome_core.apply_patch(unet, ratio=RATIO, max_downsample="auto", use_rand=False, **extra)
 
 
-def switch(unet: torch.nn.Module, variant: str, layout: str) -> tome_core.Patch | None:
+def switch(unet: torch.nn.Module, variant: str, layout: str) -> tome_core.Session | None:
     """Leave ``unet`` patched as ``variant`` wants (the limit's plans are filled by the caller)."""
     tome_core.remove_patch(unet)
     tomesd.remove_patch(Holder(unet))
@@ -225,7 +225,7 @@ class Stepper:
     def __init__(self) -> None:
         self.step = 0
 
-    def __call__(self, patch: tome_core.Patch | None) -> None:
+    def __call__(self, patch: tome_core.Session | None) -> None:
         self.step += 1
         if patch is not None:
             patch.set_progress(self.step / 1e6)
@@ -293,7 +293,7 @@ def run_config(
             patch = switch(unet, variant, config.layout)
             if variant == "limit":
                 assert patch is not None
-                patch.planner.freeze_plans = True
+                patch.merger.planner.freeze_plans = True
                 forward(x, t)  # untimed: computes and keeps every block's plan, which are then reused
             inputs = [(x, t), (x2, t2)] if variant in REUSE else [(x, t)]
             with Timer(device) as timer:

@@ -10,13 +10,13 @@ ControlNet models of the conditioning) for the duration of that patcher's sampli
   the sampler and removes every patch in a ``finally``: after an interrupt, an error or an OOM nothing is left on the
   modules the patchers share. Then it says in the console what ToMe did and could not do (``ToMe note: ...``).
 - ``CALC_COND_BATCH`` (every model evaluation, before the control models and the UNet run) reports the step to the
-  patches (:meth:`tome_core.Patch.set_progress`): the index of its sigma in ``transformer_options["sample_sigmas"]``
+  patches (:meth:`tome_core.Session.set_progress`): the index of its sigma in ``transformer_options["sample_sigmas"]``
   and the sampler's step count. The cond/uncond streams come from ``transformer_options["cond_or_uncond"]``, which
   the core reads at each UNet call.
 - Neighbours: ComfyUI's built-in ``TomePatchModel`` (queries merged at the highest level) is taken over while ours
   merges: its two attn1 patches are left out of this sampling's options (``ToMe replaced built-in ratio``). With
   EasyCache or LazyCache on the model our step cache steps aside: two caches never both run. The core says where
-  another patch keeps it from merging (HyperTile, SAG, PAG: :class:`tome_core.MergeReport`).
+  another patch keeps it from merging (HyperTile, SAG, PAG: :class:`tome_core.Report`).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from tome_core import extension as ext
+from tome_core import run as R
 from tome_core import settings as S
-from tome_core.cache import StepCache
-from tome_core.patch import Patch, apply_settings, find_unet, has_transformer_blocks
+from tome_core.families import has_transformer_blocks, layout_for
+from tome_core.session import Session, apply_settings, find_unet
 from tome_core.settings import SettingsError, ToMeSettings
 
 log = logging.getLogger("tome_core")
@@ -71,9 +71,9 @@ def attach(model: Any, part: str, given: Mapping[str, Any]) -> Any:
         settings = request.settings()
         unet = find_unet(getattr(model, "model", None))
         if settings.caches and unet is not None:
-            StepCache(unet, settings)  # the branch must exist in this UNet (SDXL has 9); no hook is placed
+            layout_for(unet, settings.cache_branch)  # the branch must exist in this model (SDXL has 9)
     except SettingsError as error:
-        log.error(f"{ext.ERROR_KEY}: {error}")
+        log.error(f"{R.ERROR_KEY}: {error}")
         raise
     patched = model.clone()
     patched.set_attachments(KEY, request)
@@ -86,12 +86,12 @@ def attach(model: Any, part: str, given: Mapping[str, Any]) -> Any:
 # --- one sampling ------------------------------------------------------------------------------------------------
 
 
-class Session:
-    """The patches of one sampling: the UNet's and the control models', removed together."""
+class Sampling:
+    """The sessions of one sampling: the UNet's and the control models', removed together."""
 
     def __init__(self, unet: nn.Module, settings: ToMeSettings, controls: Sequence[nn.Module] = ()):
         self.settings = settings
-        self.patches: list[Patch] = []
+        self.patches: list[Session] = []
         self._sigmas: tuple[int, list[float]] | None = None  # (id of sample_sigmas, its values)
         try:
             self.patches.append(apply_settings(unet, settings))
@@ -133,8 +133,8 @@ def position(sigma: float, sigmas: Sequence[float]) -> tuple[int, int]:
     return step, steps
 
 
-_LIVE: dict[int, Session] = {}
-"""The session of each model sampling now (by the id of ComfyUI's model, ``BaseModel``)."""
+_LIVE: dict[int, Sampling] = {}
+"""The sampling of each model sampling now (by the id of ComfyUI's model, ``BaseModel``)."""
 
 
 def _sampler_sample(executor: Any, guider: Any, sigmas: Any, extra_args: dict, callback: Any, noise: Any, *args, **kw):
@@ -144,43 +144,43 @@ def _sampler_sample(executor: Any, guider: Any, sigmas: Any, extra_args: dict, c
     unet = find_unet(model)
     if request is None or unet is None:
         return executor(guider, sigmas, extra_args, callback, noise, *args, **kw)
-    run, info = ext.Run(request.settings()), {}
+    run, info = R.Run(request.settings()), {}
     options = extra_args.setdefault("model_options", {}).setdefault("transformer_options", {})
     settings = _with_neighbours(_pass_settings(run, extra_args.get("seed"), noise), options, run, info)
     if settings is None:
         _say(run, info)
         return executor(guider, sigmas, extra_args, callback, noise, *args, **kw)
     try:
-        session = Session(unet, settings, control_models(getattr(guider, "conds", None)))
+        sampling = Sampling(unet, settings, control_models(getattr(guider, "conds", None)))
     except SettingsError as error:  # a setting this model rejects (the nodes checked what they could)
-        log.error(f"{ext.ERROR_KEY}: {error}")
+        log.error(f"{R.ERROR_KEY}: {error}")
         raise
-    _LIVE[id(model)] = session
+    _LIVE[id(model)] = sampling
     try:
         return executor(guider, sigmas, extra_args, callback, noise, *args, **kw)
     finally:
         _LIVE.pop(id(model), None)
-        run.note(*session.notes())
-        cache = session.patches[0].report().cache
-        session.remove()
-        info = {**ext.infotext(settings, used_seed=settings.seed), **info}
+        run.note(*sampling.notes())
+        cache = sampling.patches[0].report().cache
+        sampling.remove()
+        info = {**R.infotext(settings, used_seed=settings.seed), **info}
         if cache is not None:
             run.count_cache(cache.passes)
         if run.cache_steps_text:
-            info[ext.CACHE_STEPS_KEY] = run.cache_steps_text
+            info[R.CACHE_STEPS_KEY] = run.cache_steps_text
         _say(run, info)
 
 
 def _calc_cond_batch(executor: Any, model: Any, conds: Any, x_in: Any, timestep: Any, model_options: dict, *a, **kw):
     """``WrappersMP.CALC_COND_BATCH``: the step of this evaluation, reported before the control models and the UNet
     run."""
-    session = _LIVE.get(id(model))
-    if session is not None:
-        session.place(timestep, model_options.get("transformer_options", {}).get("sample_sigmas"))
+    sampling = _LIVE.get(id(model))
+    if sampling is not None:
+        sampling.place(timestep, model_options.get("transformer_options", {}).get("sample_sigmas"))
     return executor(model, conds, x_in, timestep, model_options, *a, **kw)
 
 
-def _pass_settings(run: ext.Run, image_seed: int | None, noise: Any) -> ToMeSettings | None:
+def _pass_settings(run: R.Run, image_seed: int | None, noise: Any) -> ToMeSettings | None:
     """This sampling's settings: the seed actually used (the noise seed for -1) and ``min_size`` against the image's
     shorter side (below it the cache alone, or nothing)."""
     settings = run.pass_settings(image_seed, hires=False)
@@ -191,7 +191,7 @@ def _pass_settings(run: ext.Run, image_seed: int | None, noise: Any) -> ToMeSett
     return settings.replace(ratio=0.0, method="merge") if settings.caches else None
 
 
-def _with_neighbours(settings: ToMeSettings | None, options: dict, run: ext.Run, info: dict) -> ToMeSettings | None:
+def _with_neighbours(settings: ToMeSettings | None, options: dict, run: R.Run, info: dict) -> ToMeSettings | None:
     """Settings beside the other speed-ups on this model: the built-in ``TomePatchModel`` taken over while ours merges
     (its ratio in ``info``, as the WebUI's infotext says it); our cache off beside EasyCache / LazyCache. None when
     nothing is left for ToMe to do."""
@@ -200,7 +200,7 @@ def _with_neighbours(settings: ToMeSettings | None, options: dict, run: ext.Run,
     if settings.merges:
         replaced = take_over_builtin(options.get("patches", {}))
         if replaced is not None:
-            info[ext.BUILTIN_KEY] = replaced
+            info[R.BUILTIN_KEY] = replaced
     wrappers = options.get("wrappers", {})
     others = [name for key, name in OTHER_CACHES.items() if any(key in by_key for by_key in wrappers.values())]
     if others and settings.caches:
@@ -262,10 +262,10 @@ def control_models(conds: Mapping[str, Any] | None) -> list[nn.Module]:
     return out
 
 
-def _say(run: ext.Run, info: Mapping[str, Any]) -> None:
+def _say(run: R.Run, info: Mapping[str, Any]) -> None:
     """The console lines of one sampling: what the WebUI would write in the infotext (``ToMe: True``, the settings
     that differ from their defaults, the seed used), how the cache ran, and the notes."""
     if info:
         log.info(", ".join(f"{key}: {value}" for key, value in info.items()))
     if run.note_text:
-        log.info(f"{ext.NOTE_KEY}: {run.note_text}")
+        log.info(f"{R.NOTE_KEY}: {run.note_text}")

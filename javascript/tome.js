@@ -1,4 +1,4 @@
-// Generated from tome_core/settings.py by `python -m tome_core.extension`; do not edit.
+// Generated from tome_core/settings.py by `python -m webui_tome.extension`; do not edit.
 (function () {
     const hints = {
         "enabled": "Merge redundant tokens in the UNet's transformer blocks for this generation.",

@@ -2,7 +2,8 @@
 
 It builds the UI from the settings record, reads its arguments (UI, API list or dict, XYZ cell),
 patches the model that samples, for this generation only, and writes the infotext. Everything that
-needs no WebUI lives in ``tome_core``.
+needs no WebUI lives in ``webui_tome`` (this host family's adapter) and ``tome_core`` (the engine, and the run record
+and infotext every host shares).
 
 Lifecycle: ``setup`` ties clean-up to ``p.close()`` (which the WebUI calls in a ``with closing(p)``
 even after an error), ``before_process`` removes anything of ours left from before and validates,
@@ -26,11 +27,12 @@ import modules.scripts as scripts
 from modules import script_callbacks, shared
 from modules.ui_components import InputAccordion
 
-from tome_core import extension as ext
-from tome_core import forge_caches, forge_controlnet
+from tome_core import run as R
 from tome_core import settings as S
-from tome_core.controlnet import control_models
-from tome_core.patch import get_patch
+from tome_core.session import get_patch
+from webui_tome import extension as ext
+from webui_tome import forge_caches, forge_controlnet
+from webui_tome.controlnet import control_models
 
 log = logging.getLogger("tome_core")
 registry = ext.PatchRegistry()
@@ -116,7 +118,7 @@ def _report(p: Any, message: str) -> None:
     """The WebUI swallows script exceptions: say it in the console and in the response's info/infotext."""
     print(f"[ToMe] {message}")
     log.error(message)
-    p.extra_generation_params[ext.ERROR_KEY] = message
+    p.extra_generation_params[R.ERROR_KEY] = message
 
 
 def _off(p: Any, message: str) -> None:
@@ -124,7 +126,7 @@ def _off(p: Any, message: str) -> None:
     ratio it replaced)."""
     setattr(p, RUN_ATTR, None)
     p.extra_generation_params = {
-        k: v for k, v in p.extra_generation_params.items() if not str(k).startswith("ToMe") or k == ext.BUILTIN_KEY
+        k: v for k, v in p.extra_generation_params.items() if not str(k).startswith("ToMe") or k == R.BUILTIN_KEY
     }
     _report(p, f"{message}; ToMe is off for this generation")
 
@@ -211,13 +213,13 @@ class ToMeScript(scripts.Script):
             return
         if not settings.enabled:
             return
-        setattr(p, RUN_ATTR, ext.Run(settings))
-        p.extra_generation_params.update(ext.infotext(settings, used_seed=None))
+        setattr(p, RUN_ATTR, R.Run(settings))
+        p.extra_generation_params.update(R.infotext(settings, used_seed=None))
         builtin = max(p.get_token_merging_ratio(), p.get_token_merging_ratio(for_hr=True))
         if builtin > 0:
             # one token merging at a time: ours, for this generation; the WebUI setting itself is untouched
             p.get_token_merging_ratio = _no_builtin_ratio
-            p.extra_generation_params[ext.BUILTIN_KEY] = builtin
+            p.extra_generation_params[R.BUILTIN_KEY] = builtin
 
     def before_hr(self, p: Any, *args: Any) -> None:
         run = getattr(p, RUN_ATTR, None)
@@ -225,7 +227,7 @@ class ToMeScript(scripts.Script):
             run.hires_pending = True
 
     def process_before_every_sampling(self, p: Any, *args: Any, **kwargs: Any) -> None:
-        run: ext.Run | None = getattr(p, RUN_ATTR, None)
+        run: R.Run | None = getattr(p, RUN_ATTR, None)
         if run is None:
             return
         # the hires pass: p.is_hr_pass in 1.10; before_hr's flag where it is missing (consumed here, so
@@ -254,7 +256,7 @@ class ToMeScript(scripts.Script):
             settings = settings.replace(ratio=0.0, method="merge")  # the step cache alone
         if not _patch(p, run, settings, *_pass_models(p, run, settings)):
             return
-        if ext.records_seed(settings):
+        if R.records_seed(settings):
             p.extra_generation_params[S.spec("seed").infotext] = settings.seed
         _write_note(p, run)
 
@@ -262,7 +264,7 @@ class ToMeScript(scripts.Script):
         """After the sampling passes of a batch, before its infotext: say what could not be merged, and unpatch. What
         runs the UNet after this (ADetailer's inpainting passes in ``postprocess_image``) is another generation with a
         lifecycle of its own, never the stale patch of this one; the next batch is patched again before it samples."""
-        run: ext.Run | None = getattr(p, RUN_ATTR, None)
+        run: R.Run | None = getattr(p, RUN_ATTR, None)
         if run is not None:
             _unpatch(run)
             _write_note(p, run)
@@ -271,7 +273,7 @@ class ToMeScript(scripts.Script):
         registry.clear(shared.sd_model)
 
 
-def _pass_models(p: Any, run: ext.Run, settings: S.ToMeSettings) -> tuple[list[Any], list[Any]]:
+def _pass_models(p: Any, run: R.Run, settings: S.ToMeSettings) -> tuple[list[Any], list[Any]]:
     """What a sampling pass patches: the model that samples, and Mikubill's ControlNet models (run inside the UNet's
     call), with ``merge_controlnet`` or the step cache (which shortens them on cached steps); Forge's are added at
     the pass's first denoiser call."""
@@ -279,15 +281,15 @@ def _pass_models(p: Any, run: ext.Run, settings: S.ToMeSettings) -> tuple[list[A
     return [shared.sd_model], list(control)
 
 
-def _write_note(p: Any, run: ext.Run) -> None:
+def _write_note(p: Any, run: R.Run) -> None:
     """The ``ToMe note`` infotext entry, when there is something to say, and the steps the cache ran."""
     if run.notes:
-        p.extra_generation_params[ext.NOTE_KEY] = run.note_text
+        p.extra_generation_params[R.NOTE_KEY] = run.note_text
     if run.cache_steps_text is not None:
-        p.extra_generation_params[ext.CACHE_STEPS_KEY] = run.cache_steps_text
+        p.extra_generation_params[R.CACHE_STEPS_KEY] = run.cache_steps_text
 
 
-def _unpatch(run: ext.Run) -> None:
+def _unpatch(run: R.Run) -> None:
     """Remove every patch (keeping what they could not merge for the note, and the cache's steps): between passes and on
     failure."""
     run.note(*registry.shortfalls())
@@ -296,7 +298,7 @@ def _unpatch(run: ext.Run) -> None:
     run.current = None
 
 
-def _patch(p: Any, run: ext.Run, settings: S.ToMeSettings, models: list[Any], followers: list[Any] = ()) -> bool:
+def _patch(p: Any, run: R.Run, settings: S.ToMeSettings, models: list[Any], followers: list[Any] = ()) -> bool:
     """Patch ``models`` (the model that samples, control models) and ``followers`` (Mikubill's control models, run
     inside the UNet's call: the UNet's cached steps shorten them); all or nothing: on an error every patch is removed,
     the error reported, not raised, and ToMe is off for the rest of the generation. A control model is no UNet to
@@ -313,7 +315,7 @@ def _patch(p: Any, run: ext.Run, settings: S.ToMeSettings, models: list[Any], fo
                 registry.apply(model, control, leader)
     except Exception as error:  # never leave a half-patched model behind
         _unpatch(run)
-        _off(p, ext.describe_error(error))
+        _off(p, R.describe_error(error))
         return False
     run.current = settings
     return True
@@ -330,7 +332,7 @@ def _on_cfg_denoiser(params: Any) -> None:
     from here on)."""
     denoiser = getattr(params, "denoiser", None)
     p = getattr(denoiser, "p", None)
-    run: ext.Run | None = getattr(p, RUN_ATTR, None)
+    run: R.Run | None = getattr(p, RUN_ATTR, None)
     if run is not None and run.current is not None:
         settings = run.current
         models, followers = [], []
@@ -349,7 +351,7 @@ def _on_cfg_denoiser(params: Any) -> None:
 
 
 def _on_infotext_pasted(infotext: str, params: dict[str, Any]) -> None:
-    ext.fill_pasted(params)
+    R.fill_pasted(params)
 
 
 def _on_before_ui() -> None:

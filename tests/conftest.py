@@ -9,7 +9,7 @@ import pytest
 import torch
 from models import Holder, make_unet
 
-from tome_core import merge as tm
+from tome_core.merging import merge as tm
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -44,8 +44,8 @@ class Spy:
     def _post(self, module, args, out):
         self.outputs.append([o.clone() for o in out] if isinstance(out, list) else out.clone())
         patch = tome_core.get_patch(module)
-        self.active.append(patch.active if patch else None)
-        self.plans.append(patch.planner.plans_computed if patch else None)
+        self.active.append(patch.merger.active if patch and patch.merger else None)
+        self.plans.append(patch.merger.planner.plans_computed if patch and patch.merger else (0 if patch else None))
         self.cached.append(bool(patch and patch.cache and patch.cache.cached_now))
 
     def close(self):

@@ -116,7 +116,7 @@ def test_sampling_loop_reports_progress_every_step_and_reads_nothing_back():
     sigmas = sampler.discrete_sigmas(3)
     with host_reads() as counts:
         out = sampling.sample(unet, noise, conditioning, sigmas, patch)
-    assert seen == [0, 1 / 3, 2 / 3] and not counts and patch.planner.plans_computed > 0
+    assert seen == [0, 1 / 3, 2 / 3] and not counts and patch.merger.planner.plans_computed > 0
     sampling.switch(unet, "plain")
     assert tome_core.get_patch(unet) is None
     plain = sampling.sample(unet, noise, conditioning, sigmas, None)

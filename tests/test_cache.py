@@ -11,7 +11,7 @@ import torch
 from models import make_unet, photo_latents, rel
 
 import tome_core
-from tome_core.schedule import uniform_plan
+from tome_core.caching.schedule import uniform_plan
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +163,7 @@ def test_token_merging_acts_on_the_shallow_path_of_cached_steps(unet):
     alone, _ = with_patch(unet, ratio=0.0, cache=True, cache_interval=3)
     patch = tome_core.apply_patch(unet, ratio=0.5, seed=1, cache=True, cache_interval=3)
     plans = []
-    hook = unet.output_blocks[11].register_forward_hook(lambda *a: plans.append(patch.planner.plans_computed))
+    hook = unet.output_blocks[11].register_forward_hook(lambda *a: plans.append(patch.merger.planner.plans_computed))
     try:
         both = run(unet, patch)
     finally:

@@ -159,15 +159,17 @@ def test_blocks_called_through_another_nodes_dit_replacement_are_still_skipped(m
 
 
 def test_auto_is_the_linear_forecast_on_the_uniform_schedule_on_flux_and_calibrated_time_on_a_unet(model, sd15_unet):
-    from tome_core.cache import StepCache
+    from tome_core.caching.cache import StepCache
 
     settings = ToMeSettings(ratio=0.0, cache=True)
     assert (settings.cache_forecast, settings.cache_schedule) == ("auto", "auto")
-    flux = StepCache(model, settings).settings
-    unet = StepCache(sd15_unet, settings).settings
+    flux = StepCache(model, settings, layout_for(model, 0)).settings
+    unet = StepCache(sd15_unet, settings, layout_for(sd15_unet, 0)).settings
     assert (flux.cache_forecast, flux.cache_schedule) == ("linear", "uniform")
     assert (unet.cache_forecast, unet.cache_schedule) == ("calibrated", "time")
-    chosen = StepCache(model, settings.replace(cache_forecast="calibrated", cache_schedule="time")).settings
+    chosen = StepCache(
+        model, settings.replace(cache_forecast="calibrated", cache_schedule="time"), layout_for(model, 0)
+    ).settings
     assert (chosen.cache_forecast, chosen.cache_schedule) == ("calibrated", "time")  # a choice is kept
     auto, _ = _cached(model, _calls(), settings)
     explicit, _ = _cached(model, _calls(), settings.replace(cache_forecast="linear", cache_schedule="uniform"))

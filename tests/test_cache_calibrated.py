@@ -14,8 +14,8 @@ from models import make_unet, photo_latents, step_call
 
 import tome_core
 from benchmarks import sampler as S
-from tome_core.forecast import PROBE_STRIDE, Track
-from tome_core.schedule import Refresh, uniform_plan
+from tome_core.caching.forecast import PROBE_STRIDE, Forecast
+from tome_core.caching.schedule import Schedule, uniform_plan
 
 
 def _pair(seed: int, shape=(2, 8, 8, 8)) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,10 +23,10 @@ def _pair(seed: int, shape=(2, 8, 8, 8)) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
 
 
-def _calibrated(times=(900.0, 800.0)) -> tuple[Track, tuple[torch.Tensor, ...]]:
+def _calibrated(times=(900.0, 800.0)) -> tuple[Forecast, tuple[torch.Tensor, ...]]:
     d0, d1 = _pair(0)
     p0, p1 = _pair(1)
-    track = Track("calibrated")
+    track = Forecast("calibrated")
     track.add(torch.tensor(times[0]), d0, p0)
     track.add(torch.tensor(times[1]), d1, p1)
     return track, (d0, d1, p0, p1)
@@ -73,20 +73,20 @@ def test_a_probe_moving_off_its_line_makes_the_calibrated_forecast_deepcaches_re
 
 def test_without_a_probe_calibrated_is_linear_and_holds_what_linear_holds_plus_the_subsampled_probe():
     track, (d0, d1, _p0, p1) = _calibrated()
-    linear = Track("linear")
+    linear = Forecast("linear")
     linear.add(torch.tensor(900.0), d0)
     linear.add(torch.tensor(800.0), d1)
     assert torch.equal(track.predict(torch.tensor(650.0)), linear.predict(torch.tensor(650.0)))
     assert torch.allclose(linear.predict(650.0), d1 + 1.5 * (d1 - d0), atol=1e-5)
     probe_bytes = 2 * p1[..., ::PROBE_STRIDE, ::PROBE_STRIDE].numel() * 4
     assert track.nbytes() == linear.nbytes() + probe_bytes
-    assert Track("linear").probe is None
+    assert Forecast("linear").probe is None
 
 
 def test_one_full_step_known_every_forecast_is_the_last_features():
     d0, _ = _pair(3)
     p0, p1 = _pair(4)
-    track = Track("calibrated")
+    track = Forecast("calibrated")
     track.add(900.0, d0, p0)
     assert track.predict(800.0, p1) is d0
 
@@ -97,7 +97,7 @@ def test_one_full_step_known_every_forecast_is_the_last_features():
 def _plan(settings: tome_core.ToMeSettings, times: list[float], report_steps: bool = True, begin: int = 0) -> str:
     """The plan of a pass at ``times`` (its steps' times), the patch applied at step ``begin`` (a refiner's switch)."""
     resolved = settings.resolved("calibrated", settings.cache_schedule if settings.cache_schedule != "auto" else "time")
-    refresh, last_full, out = Refresh(resolved), 0, ""
+    refresh, last_full, out = Schedule(resolved), 0, ""
     for k, (i, t) in enumerate(list(enumerate(times))[begin:]):
         call = replace(step_call(i, len(times), torch.tensor(t)), step=k)  # the patch counts its own calls
         if refresh.may_cache(call, k - last_full, None, timed=report_steps):
@@ -308,7 +308,7 @@ def test_two_calls_a_step_at_one_time_keep_the_time_schedule(unet):
 def test_the_probe_kept_is_a_copy_not_a_view_of_the_callers_tensor():
     d0, _ = _pair(6)
     entry_input = torch.randn(2, 16, 8, 8)  # the entry block's input: deep features then the skip connection
-    track = Track("calibrated")
+    track = Forecast("calibrated")
     track.add(900.0, d0, entry_input[:, 8:])
     assert track.probe._base is None and track.probe.untyped_storage().nbytes() == track.probe.numel() * 4
     entry_input.zero_()  # the caller's tensor changes or goes: the probe kept does not

@@ -10,8 +10,8 @@ import torch
 from models import make_unet, photo_latents, step_call
 
 import tome_core
-from tome_core.forecast import Track
-from tome_core.schedule import Refresh, may_cache
+from tome_core.caching.forecast import Forecast
+from tome_core.caching.schedule import Schedule, may_cache
 
 KARRAS_LIKE = (999.0, 962.0, 876.0, 640.0, 474.0, 197.0, 35.0, 2.0)
 """Uneven timesteps, as DPM++ 2M Karras runs them."""
@@ -25,7 +25,7 @@ def _feature(t: float, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("as_tensor", [True, False])
 def test_the_linear_forecast_of_a_trajectory_linear_in_time_is_exact_at_any_spacing(as_tensor):
     a, b = _feature(0)
-    track = Track("linear")
+    track = Forecast("linear")
     time = (lambda t: torch.tensor(t)) if as_tensor else float
     for i, t in enumerate(KARRAS_LIKE[:-1]):
         if i >= 2:  # two full steps known: every later time is forecast exactly
@@ -36,7 +36,7 @@ def test_the_linear_forecast_of_a_trajectory_linear_in_time_is_exact_at_any_spac
 
 def test_the_forecast_of_a_constant_is_the_constant_and_off_is_the_last_full_step_itself():
     a, _ = _feature(1)
-    linear, off = Track("linear"), Track("off")
+    linear, off = Forecast("linear"), Forecast("off")
     for t in KARRAS_LIKE[:3]:
         linear.add(torch.tensor(t), a.clone())
         off.add(torch.tensor(t), a.clone())
@@ -47,7 +47,7 @@ def test_the_forecast_of_a_constant_is_the_constant_and_off_is_the_last_full_ste
 
 def test_one_full_step_or_no_time_or_no_elapsed_time_gives_the_last_features():
     a, b = _feature(2)
-    track = Track("linear")
+    track = Forecast("linear")
     assert track.predict(torch.tensor(5.0)) is None
     track.add(torch.tensor(900.0), a)
     assert track.predict(torch.tensor(800.0)) is a  # one full step: nothing to extrapolate from
@@ -59,7 +59,7 @@ def test_one_full_step_or_no_time_or_no_elapsed_time_gives_the_last_features():
 
 def test_a_forecast_needs_features_of_one_shape():
     a, _ = _feature(3)
-    track = Track("linear")
+    track = Forecast("linear")
     track.add(1.0, a)
     track.add(0.5, a[:1])  # the batch changed: start again from these features
     assert track.change is None and track.predict(0.25) is track.deep
@@ -79,7 +79,7 @@ def test_the_adaptive_schedule_keeps_the_guard_rails_for_any_threshold(threshold
     steps = 20
     gen = torch.Generator().manual_seed(int(threshold * 1000) + interval)
     x = torch.randn(1, 4, 16, 16, generator=gen)
-    refresh, last_full, cached = Refresh(settings.resolved("calibrated", "time")), 0, []
+    refresh, last_full, cached = Schedule(settings.resolved("calibrated", "time")), 0, []
     for i in range(steps):
         x = x * 0.9 + 0.1 * torch.randn(x.shape, generator=gen)  # a wandering trajectory
         call = step_call(i, steps, torch.tensor(999.0 - 50 * i))
@@ -102,7 +102,7 @@ def _adaptive_plan(threshold: float, bend: bool) -> str:
         cache=True, cache_interval=8, cache_schedule="adaptive", cache_threshold=threshold
     )
     a, b = _feature(4)
-    refresh, last_full, out = Refresh(settings.resolved("calibrated", "time")), 0, ""
+    refresh, last_full, out = Schedule(settings.resolved("calibrated", "time")), 0, ""
     for i in range(16):
         t = 999.0 - 60 * i
         x = a + b * (t / 1000) + (torch.sin(torch.tensor(i / 2.0)) * a if bend else 0)  # straight, or bending

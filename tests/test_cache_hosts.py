@@ -23,9 +23,10 @@ from modules import devices, infotext_utils, processing, scripts, shared
 from modules.api import api
 
 import tome_core
-from tome_core import extension as ext
+from tome_core import run as R
 from tome_core import settings as S
-from tome_core.schedule import uniform_plan
+from tome_core.caching.schedule import uniform_plan
+from webui_tome import extension as ext
 
 ROOT = Path(__file__).resolve().parents[1]
 F, C = False, True  # a full call, a cached one
@@ -150,7 +151,7 @@ def test_below_the_minimum_size_the_cache_runs_alone(webui, sd_model):
     txt, _ = webui
     res, spy = generate(txt, tome_args(txt, ratio=0.5, min_size=100, cache=True), sd_model, steps=4)
     assert [s.ratio for s in spy.calls] == [0.0] * 4 and spy.cached == cached_schedule(4, 3)
-    assert "below the minimum size" in json.loads(res.js())["extra_generation_params"][ext.NOTE_KEY]
+    assert "below the minimum size" in json.loads(res.js())["extra_generation_params"][R.NOTE_KEY]
 
 
 @pytest.mark.parametrize(
@@ -259,7 +260,7 @@ def test_bad_cache_settings_patch_nothing_and_say_why(webui, sd_model, values, f
     finally:
         spy.close()
     assert spy.calls and all(s is None for s in spy.calls)
-    message = json.loads(response["info"])["extra_generation_params"][ext.ERROR_KEY]
+    message = json.loads(response["info"])["extra_generation_params"][R.ERROR_KEY]
     assert f"'{field}'" in message and fragment in message
 
 
@@ -271,7 +272,7 @@ def test_a_branch_sdxl_lacks_is_named_with_the_model_s_range():
     finally:
         harness.reset_webui()
     assert spy.calls and all(s is None for s in spy.calls) and untouched(model)
-    message = json.loads(res.js())["extra_generation_params"][ext.ERROR_KEY]
+    message = json.loads(res.js())["extra_generation_params"][R.ERROR_KEY]
     assert "'cache_branch' = 10" in message and "from 0 to 8 for this UNet" in message
 
 
@@ -305,7 +306,7 @@ def test_controlnet_generation_caches_its_steps_and_leaves_nothing(webui, contro
     controlnet.units = [cnd.ControlNetUnit(model=control, image=_hint(1), module="canny")]
     res, spy = generate(txt, tome_args(txt, ratio=0.5, cache=True, cache_interval=3), sd_model, steps=4)
     assert spy.cached == cached_schedule(4, 3) == [F, C, C, F]
-    assert ext.ERROR_KEY not in res.js() and ext.NOTE_KEY not in res.js()
+    assert R.ERROR_KEY not in res.js() and R.NOTE_KEY not in res.js()
     assert untouched(sd_model.model.diffusion_model, root_forward=True)
     assert untouched(control.control_model)  # a control model is merged, never cached
 
@@ -414,8 +415,10 @@ def test_controlnet_reference_pass_inside_a_call_keeps_its_own_cache(webui, cont
         handle.remove()
         seeding.remove()
     assert spy.cached == cached_schedule(4, 3) and held == [2, 2, 2, 2]  # two passes, two records
-    assert ext.ERROR_KEY not in res.js()
-    ours = [b for b in unet.modules() if getattr(b.__dict__.get("forward"), "__module__", "") == "tome_core.cache"]
+    assert R.ERROR_KEY not in res.js()
+    ours = [
+        b for b in unet.modules() if getattr(b.__dict__.get("forward"), "__module__", "") == "tome_core.caching.cache"
+    ]
     assert not ours and tome_core.get_patch(unet) is None  # reference-only's own instance forwards are its business
 
 
@@ -498,7 +501,7 @@ def test_forge_builtin_controlnet_generation_caches_its_steps_and_leaves_nothing
     args = tome_args(txt, ratio=0.5, cache=True, cache_interval=3)
     args[cn.args_from] = [{"model": "canny", "image": _hint(1)}]
     res, (spy,) = generation.generate(forge.make_txt2img, txt, args, [unet], steps=4)
-    assert spy.cached == cached_schedule(4, 3) and ext.ERROR_KEY not in res.js()
+    assert spy.cached == cached_schedule(4, 3) and R.ERROR_KEY not in res.js()
     assert untouched(unet) and untouched(net)
 
 

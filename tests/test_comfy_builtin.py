@@ -7,7 +7,7 @@ import torch
 from models import make_unet, photo_latents
 
 from benchmarks import modes
-from tome_core.patch import transformer_blocks
+from tome_core.families import transformer_blocks
 
 MODE = modes.MODES["comfy-tome"]
 

@@ -12,7 +12,7 @@ import torch
 from test_cache_hosts import untouched
 
 import tome_core
-from tome_core import extension as ext
+from tome_core import run as R
 from tome_core import settings as S
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +66,7 @@ def test_with_the_merge_node_too_the_cache_acts_and_the_note_says_nothing_was_me
     assert torch.equal(sample([("ToMe", {}), ("ToMeStepCache", {})]), cached)
     assert (
         console()[-1]
-        == f"{ext.NOTE_KEY}: nothing merged (Flux is a diffusion transformer: only the step cache acts on it)"
+        == f"{R.NOTE_KEY}: nothing merged (Flux is a diffusion transformer: only the step cache acts on it)"
     )
     assert untouched(model())
 
@@ -74,7 +74,7 @@ def test_with_the_merge_node_too_the_cache_acts_and_the_note_says_nothing_was_me
 def test_the_merge_node_alone_leaves_flux_as_it_is_and_names_the_step_cache(console):
     assert torch.equal(sample([("ToMe", {})]), sample())
     expected = "nothing merged (Flux is a diffusion transformer: only the step cache acts on it, and it is off)"
-    assert console()[-1] == f"{ext.NOTE_KEY}: {expected}"
+    assert console()[-1] == f"{R.NOTE_KEY}: {expected}"
     assert untouched(model())
 
 

@@ -14,9 +14,9 @@ from comfy.ldm import unet_from_ldm
 from models import make_unet
 
 import tome_core
-from tome_core import extension as ext
+from tome_core import run as R
 from tome_core import settings as S
-from tome_core.schedule import uniform_plan
+from tome_core.caching.schedule import uniform_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = dict(width=64, height=64)  # 8x8 latents: 64 tokens at the first level
@@ -150,7 +150,7 @@ def test_settings_the_widget_bounds_allow_but_the_record_refuses_fail_the_prompt
         sample([(node, inputs)])
     assert failed.value.node_id == "10" and failed.value.exception_type == "tome_core.settings.SettingsError"
     assert all(text in failed.value.exception_message for text in named)
-    assert console() == [f"{ext.ERROR_KEY}: {failed.value.exception_message}"]
+    assert console() == [f"{R.ERROR_KEY}: {failed.value.exception_message}"]
     assert untouched(unet()) and torch.equal(sample(), plain)  # the next prompt runs normally
 
 
@@ -249,12 +249,12 @@ def test_a_model_without_unet_blocks_samples_as_it_is_and_says_so(console):
     plain = sample(kind="flux")
     assert torch.equal(sample([("ToMe", {}), ("ToMeStepCache", {})], kind="flux"), plain)
     assert console()[-1] == (
-        f"{ext.NOTE_KEY}: nothing merged (FluxLikeModel has no UNet transformer blocks); "
+        f"{R.NOTE_KEY}: nothing merged (FluxLikeModel has no UNet transformer blocks); "
         "step cache off: the cache does not know this model's blocks"
     )
 
 
 def test_min_size_leaves_merging_off_below_it_and_the_cache_still_runs(console):
     assert torch.equal(sample([("ToMe", {"min_size": 128})]), sample())
-    assert console()[-1] == f"{ext.NOTE_KEY}: pass 64x64 is below the minimum size 128 px: not merged"
+    assert console()[-1] == f"{R.NOTE_KEY}: pass 64x64 is below the minimum size 128 px: not merged"
     assert torch.equal(sample([("ToMe", {"min_size": 128}), ("ToMeStepCache", {})]), sample([("ToMeStepCache", {})]))

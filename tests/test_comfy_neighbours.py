@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tome_core
-from tome_core import extension as ext
+from tome_core import run as R
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = dict(width=64, height=64)
@@ -52,7 +52,7 @@ BUILTIN = ("TomePatchModel", {"ratio": 0.5})
 def test_the_builtin_tomepatchmodel_is_taken_over_while_ours_merges_and_that_is_said(builtin_first, console):
     chain = [BUILTIN, TOME] if builtin_first else [TOME, BUILTIN]
     chained = sample(chain)
-    assert console()[-1] == f"ToMe: True, ToMe seed: 1, {ext.BUILTIN_KEY}: 0.5"
+    assert console()[-1] == f"ToMe: True, ToMe seed: 1, {R.BUILTIN_KEY}: 0.5"
     assert torch.equal(chained, sample([TOME]))
     assert untouched(unet())
 
@@ -60,7 +60,7 @@ def test_the_builtin_tomepatchmodel_is_taken_over_while_ours_merges_and_that_is_
 def test_the_builtin_tomepatchmodel_keeps_merging_beside_our_step_cache_alone(console):
     with_builtin = sample([BUILTIN, CACHE])  # its partition from the global RNG, which the noise seeds
     assert not torch.equal(with_builtin, sample([CACHE]))
-    assert all(ext.BUILTIN_KEY not in line for line in console())
+    assert all(R.BUILTIN_KEY not in line for line in console())
 
 
 @pytest.mark.parametrize("method", ["merge", "downsample"])
@@ -68,15 +68,15 @@ def test_hypertile_keeps_the_tiles_it_tiles_and_tome_says_so(method, console):
     hypertile = ("HyperTile", {"tile_size": 32, "swap_size": 2, "max_depth": 0, "scale_depth": False})
     alone = sample([hypertile])
     assert torch.equal(sample([hypertile, ("ToMe", {"method": method})]), alone)  # every first-level block tiled
-    reason = tome_core.neighbours.RESHAPED
-    assert console()[-1] == f"{ext.NOTE_KEY}: {NOT_MERGED.format(5, reason)}"
+    reason = tome_core.merging.neighbours.RESHAPED
+    assert console()[-1] == f"{R.NOTE_KEY}: {NOT_MERGED.format(5, reason)}"
 
 
 @pytest.mark.parametrize("other", ["EasyCache", "LazyCache"])
 def test_beside_easycache_or_lazycache_our_step_cache_steps_aside_and_merging_stays(other, console):
     theirs = (other, {"reuse_threshold": 0.2})
     both = sample([theirs, TOME, CACHE])
-    note = f"{ext.NOTE_KEY}: step cache off: {other} already skips steps (two caches never both run)"
+    note = f"{R.NOTE_KEY}: step cache off: {other} already skips steps (two caches never both run)"
     assert console()[-1] == note
     assert torch.equal(both, sample([theirs, TOME])) and not torch.equal(both, sample([theirs]))
     assert torch.equal(sample([theirs, CACHE]), sample([theirs]))  # the cache alone: nothing of ours runs
@@ -108,7 +108,7 @@ def test_freeu_sag_pag_and_deep_shrink_are_merged_with_and_without_the_cache(pat
     alone = sample([patch])
     for chain in ([patch, TOME], [patch, TOME, CACHE]):
         assert not torch.equal(sample(chain), alone), chain
-        assert not any(line.startswith(ext.NOTE_KEY) for line in console()), console()
+        assert not any(line.startswith(R.NOTE_KEY) for line in console()), console()
     assert untouched(unet())
 
 
@@ -118,7 +118,7 @@ def test_freeu_sag_pag_and_deep_shrink_are_merged_with_and_without_the_cache(pat
 )
 def test_sag_and_pag_keep_the_middle_block_they_replace_at_max_downsample_8(guidance, console):
     sample([guidance, ("ToMe", {"max_downsample": "8"})], width=128, height=128)  # 4 tokens in the middle block
-    assert console()[-1] == f"{ext.NOTE_KEY}: {NOT_MERGED.format(1, 'attn1 replaced by another extension')}"
+    assert console()[-1] == f"{R.NOTE_KEY}: {NOT_MERGED.format(1, 'attn1 replaced by another extension')}"
 
 
 def test_sag_runs_its_extra_pass_as_a_stream_of_its_own_in_the_cache():

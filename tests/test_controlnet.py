@@ -16,9 +16,9 @@ from modules import errors, infotext_utils, scripts
 from neighbours import controlnet_lllite
 
 import tome_core
-from tome_core import controlnet as tcn
-from tome_core import extension as ext
-from tome_core.patch import transformer_blocks
+from tome_core import run as R
+from tome_core.families import transformer_blocks
+from webui_tome import controlnet as tcn
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +77,7 @@ def test_control_model_merges_with_the_unets_settings_and_is_clean_after(
     assert (cn.latest_network is None and "forward" not in vars(unet)) or vars(unet)["forward"].__func__ is type(
         unet
     ).forward
-    assert ext.ERROR_KEY not in res.js()
+    assert R.ERROR_KEY not in res.js()
 
 
 def test_merging_in_control_model_changes_its_output_and_can_be_turned_off(webui, sd_model, control):
@@ -100,7 +100,7 @@ def test_adapters_have_nothing_to_merge_and_still_work(webui, sd_model):
     adapter = cnd.make_adapter(model_channels=32)
     add_controlnet(webui, [cnd.ControlNetUnit(model=adapter, image=hint(64, 64), module="t2ia")])
     res, (unet_calls,) = run(webui, tome_args(webui), sd_model, [sd_model.model.diffusion_model])
-    assert unet_calls and all(s is not None for s in unet_calls) and ext.NOTE_KEY not in res.js()
+    assert unet_calls and all(s is not None for s in unet_calls) and R.NOTE_KEY not in res.js()
     assert not any(tome_core.get_patch(m) for m in adapter.modules())
 
 
@@ -158,11 +158,11 @@ def test_controlnet_lllite_unit_has_nothing_to_merge_and_its_layers_are_left_alo
         for key, args in runs:
             cn.units = [unit] if key != "plain" else []
             res, (calls,) = run(webui, args, sd_model, [unet])
-            assert len(errors.reported) == reported and ext.ERROR_KEY not in res.js()
+            assert len(errors.reported) == reported and R.ERROR_KEY not in res.js()
             assert not controlnet_lllite.all_hack  # ControlNet cleared LLLite after the generation
             if args is not None:
                 assert calls and all(s is not None for s in calls)
-                assert infotext_utils.parse_generation_parameters(res.infotexts[0]).get(ext.NOTE_KEY) == (
+                assert infotext_utils.parse_generation_parameters(res.infotexts[0]).get(R.NOTE_KEY) == (
                     "self-attention not merged in 5 of 16 blocks (ControlNet-LLLite patches it)"
                 )
     finally:
@@ -212,7 +212,7 @@ def test_sdxl_layout_control_model_merges_at_its_first_attention_level_and_remov
     )
     base = net(**call)
     patch = tome_core.apply_patch(net, ratio=0.5, max_downsample="auto", use_rand=True, seed=3)
-    assert patch.planner.auto_downsample == 2 and len(patch.blocks) == 9
+    assert patch.merger.planner.auto_downsample == 2 and len(patch.merger.blocks) == 9
     merged = net(**call)
     tome_core.remove_patch(net)
     assert all(((a - b).norm() / b.norm()).item() > 1e-3 for a, b in zip(merged[-3:], base[-3:]))

@@ -18,8 +18,9 @@ from modules import devices, infotext_utils, processing, script_callbacks, scrip
 from modules.api import api
 
 import tome_core
-from tome_core import extension as ext
+from tome_core import run as R
 from tome_core import settings as S
+from webui_tome import extension as ext
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -315,7 +316,7 @@ def test_api_invalid_input_patches_nothing_and_says_why(webui, sd_model, tome_ar
     finally:
         spy.close()
     assert spy.calls and all(s is None for s in spy.calls)
-    message = json.loads(response["info"])["extra_generation_params"][ext.ERROR_KEY]
+    message = json.loads(response["info"])["extra_generation_params"][R.ERROR_KEY]
     assert f"'{field}'" in message and fragment in message
 
 
@@ -432,7 +433,7 @@ def test_sdxl_generation_merges_with_default_settings():
             _, spy = generate(txt, args_with(txt, [True]), model, width=128, height=128, steps=2)
         finally:
             hook.remove()
-        assert patches and all(p is not None and p.planner.auto_downsample == 2 for p in patches)
+        assert patches and all(p is not None and p.merger.planner.auto_downsample == 2 for p in patches)
         assert spy.calls and all(s.max_downsample == "auto" for s in spy.calls)
         assert not any(torch.equal(a, b) for a, b in zip(spy.outputs, base_spy.outputs))  # really merged
         assert tome_core.get_patch(model) is None
@@ -441,9 +442,9 @@ def test_sdxl_generation_merges_with_default_settings():
 
 
 def test_with_the_cache_on_the_infotext_always_says_its_forecast_and_schedule():
-    on = ext.infotext(S.ToMeSettings(enabled=True, cache=True), None)
+    on = R.infotext(S.ToMeSettings(enabled=True, cache=True), None)
     assert on["ToMe cache forecast"] == "auto" and on["ToMe cache schedule"] == "auto"
-    off = ext.infotext(S.ToMeSettings(enabled=True), None)
+    off = R.infotext(S.ToMeSettings(enabled=True), None)
     assert "ToMe cache forecast" not in off and "ToMe cache schedule" not in off
 
 
@@ -463,5 +464,5 @@ def test_with_the_cache_on_the_infotext_always_says_its_forecast_and_schedule():
 )
 def test_an_older_infotext_with_the_cache_pastes_the_forecast_and_schedule_it_ran(pasted, forecast, schedule):
     params = dict(pasted)
-    ext.fill_pasted(params)
+    R.fill_pasted(params)
     assert params["ToMe cache forecast"] == forecast and params["ToMe cache schedule"] == schedule

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import tome_core.cache as step_cache
+import tome_core.caching.cache as step_cache
 from benchmarks import forecasters as F
 from benchmarks import modes
 from benchmarks import sampler as S
@@ -14,7 +14,7 @@ from benchmarks.anchors import chebyshev_ridge
 from benchmarks.fidelity import benchmark as B
 from benchmarks.fidelity import speed
 from benchmarks.fidelity.loading import load_model
-from tome_core.forecast import Track
+from tome_core.caching.forecast import Forecast
 
 
 def _fed(forecaster, times, f):
@@ -87,7 +87,7 @@ def test_the_study_runs_a_forecaster_on_the_real_step_cache_and_puts_the_caches_
     linear, _ = B.run_sampling(model, mode, noise, labels, sigmas, "euler")
     with F.swapped(Counted):
         taylor, counts = B.run_sampling(model, mode, noise, labels, sigmas, "euler")
-    assert step_cache.Track is Track
+    assert step_cache.Forecast is Forecast
     assert 3 in predicted and counts[0]["partial"] == len(predicted)  # order 2 once three full steps are known
     assert not torch.equal(taylor, linear)
     again, _ = B.run_sampling(model, mode, noise, labels, sigmas, "euler")

@@ -20,10 +20,11 @@ from modules import devices, errors, infotext_utils, script_callbacks, scripts, 
 from modules.api import api
 
 import tome_core
-from tome_core import extension as ext
+from tome_core import run as R
 from tome_core import settings as S
-from tome_core.patch import transformer_blocks
-from tome_core.schedule import uniform_plan
+from tome_core.caching.schedule import uniform_plan
+from tome_core.families import transformer_blocks
+from webui_tome import extension as ext
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,7 +108,7 @@ def test_forge_unet_is_merged_exactly_as_tome_core_applied_directly_and_clean_af
     assert identical(spy.outputs, direct_spy.outputs)
     assert not any(torch.equal(a, b) for a, b in zip(spy.outputs, plain_spy.outputs))
     assert identical(pixels(res), pixels(direct))
-    assert ext.ERROR_KEY not in res.js() and ext.NOTE_KEY not in res.js()
+    assert R.ERROR_KEY not in res.js() and R.NOTE_KEY not in res.js()
     assert "ToMe: True" in res.infotexts[0]
     # nothing left: no hook, same classes, same weights; the next ToMe-off generation is the plain one
     assert no_hooks_anywhere(unet) and [type(m) for m in unet.modules()] == classes
@@ -123,7 +124,7 @@ def test_sdxl_engine_merges_at_its_first_attention_level_by_default(start, build
     unet = unet_of(builders["sdxl"])
     res, (spy,) = generate(txt, tome_args(txt), [unet], width=64, height=64)
     assert spy.calls and all(s is not None and s.max_downsample == "auto" for s in spy.calls)
-    assert ext.ERROR_KEY not in res.js() and ext.NOTE_KEY not in res.js()
+    assert R.ERROR_KEY not in res.js() and R.NOTE_KEY not in res.js()
     assert no_hooks_anywhere(unet)
     _off, (off_spy,) = generate(txt, None, [unet], width=64, height=64)
     assert not any(torch.equal(a, b) for a, b in zip(spy.outputs, off_spy.outputs))  # merged: SDXL changes
@@ -202,9 +203,9 @@ def test_builtin_token_merging_is_taken_over_and_settings_untouched(start, build
     assert spy.calls and all(s is not None for s in spy.calls)
     assert all("attn1_patch" not in patches for patches in spy.patches)  # the built-in's clone never applied
     assert sd_models.apply_token_merging_calls and set(sd_models.apply_token_merging_calls) == {0.0}
-    assert f"{ext.BUILTIN_KEY}: 0.5" in res.infotexts[0] and "Token merging ratio" not in res.infotexts[0]
+    assert f"{R.BUILTIN_KEY}: 0.5" in res.infotexts[0] and "Token merging ratio" not in res.infotexts[0]
     assert shared.opts.token_merging_ratio == 0.5
-    assert ext.NOTE_KEY not in res.js()  # no attn1 patch in the way: full merging, nothing to say
+    assert R.NOTE_KEY not in res.js()  # no attn1 patch in the way: full merging, nothing to say
 
 
 # --- hires, img2img, batches, XYZ, step schedule ------------------------------------------------------------------
@@ -228,7 +229,7 @@ def test_hires_pass_is_patched_after_forges_second_process_before_every_sampling
     sizes = [int(o.shape[-1]) for o in spy.outputs]
     assert [s.ratio for s in spy.calls] == [0.3 if size == 8 else 0.6 for size in sizes]
     assert 16 in sizes and all(s is not None for s in spy.calls)
-    assert "ToMe hires ratio: 0.6" in res.infotexts[0] and ext.ERROR_KEY not in res.js()
+    assert "ToMe hires ratio: 0.6" in res.infotexts[0] and R.ERROR_KEY not in res.js()
     assert no_hooks_anywhere(unet)
 
 
@@ -243,7 +244,7 @@ def test_img2img_is_patched_and_differs_from_plain(start, builders):
     assert spy.calls and all(s is not None and s.ratio == 0.4 for s in spy.calls)
     assert off_spy.calls and all(s is None for s in off_spy.calls)
     assert not any(torch.equal(a, b) for a, b in zip(spy.outputs, off_spy.outputs))
-    assert ext.ERROR_KEY not in res.js() and no_hooks_anywhere(unet)
+    assert R.ERROR_KEY not in res.js() and no_hooks_anywhere(unet)
 
 
 def test_batch_count_two_patches_every_batch_with_its_own_seed(start, builders):
@@ -284,7 +285,7 @@ def test_xyz_cells_on_forge_each_get_their_value(start, builders):
     finally:
         spy.close()
     assert [s.ratio for s in spy.calls] == [0.2, 0.2, 0.6, 0.6]
-    assert all(ext.ERROR_KEY not in r.js() for r in results) and no_hooks_anywhere(unet)
+    assert all(R.ERROR_KEY not in r.js() for r in results) and no_hooks_anywhere(unet)
 
 
 def test_xyz_axes_register_on_forge_classic_grid_without_format_value_add_label(start, builders):
@@ -304,7 +305,7 @@ def test_xyz_axes_register_on_forge_classic_grid_without_format_value_add_label(
     finally:
         spy.close()
     assert (
-        spy.calls and all(s is not None and (s.sx, s.sy) == (1, 2) for s in spy.calls) and ext.ERROR_KEY not in res.js()
+        spy.calls and all(s is not None and (s.sx, s.sy) == (1, 2) for s in spy.calls) and R.ERROR_KEY not in res.js()
     )
 
 
@@ -368,7 +369,7 @@ def test_builtin_controlnet_model_merges_like_the_unet_and_is_clean_after(start,
     units = [{"model": "canny", "image": hint()}]
     res, (unet_spy, cn_spy) = generate(txt, set_units(txt, tome_args(txt), units), [unet, control_module])
     assert cn_spy.calls and cn_spy.calls == unet_spy.calls and all(s is not None for s in cn_spy.calls)
-    assert ext.ERROR_KEY not in res.js() and ext.NOTE_KEY not in res.js()
+    assert R.ERROR_KEY not in res.js() and R.NOTE_KEY not in res.js()
     assert no_hooks_anywhere(control_module) and no_hooks_anywhere(unet)
     args = set_units(txt, tome_args(txt, merge_controlnet=False), units)
     _, (unet_off, cn_off) = generate(txt, args, [unet, control_module])
@@ -398,7 +399,7 @@ def test_control_lora_model_built_at_sampling_start_is_patched_from_the_first_de
     units = [{"model": "lora", "image": hint()}]
     res, (unet_spy,) = generate(txt, set_units(txt, tome_args(txt), units), [unet], steps=3)
     assert len(built) == 1 and calls == [True, True, True]
-    assert unet_spy.calls and all(s is not None for s in unet_spy.calls) and ext.ERROR_KEY not in res.js()
+    assert unet_spy.calls and all(s is not None for s in unet_spy.calls) and R.ERROR_KEY not in res.js()
     assert all(tome_core.get_patch(m) is None for m in built[0].modules())  # cleaned up with the rest
     res, _ = generate(txt, set_units(txt, tome_args(txt), units), enable_hr=True, hr_upscaler="Latent", steps=2)
     assert len(built) == 3 and calls[3:] == [True] * 4  # a new one for each pass, each patched
@@ -416,8 +417,8 @@ def test_t2i_adapter_runs_as_it_is_while_the_unet_merges(start, builders):
     assert (
         spy.calls
         and all(s is not None for s in spy.calls)
-        and ext.ERROR_KEY not in res.js()
-        and ext.NOTE_KEY not in res.js()
+        and R.ERROR_KEY not in res.js()
+        and R.NOTE_KEY not in res.js()
     )
 
 
@@ -435,7 +436,7 @@ def test_refiner_switched_in_mid_sampling_is_patched_and_the_old_unet_cleaned(st
     assert len(first_spy.calls) == 2 and len(refiner_spy.calls) == 2
     assert all(s is not None and s.ratio == 0.4 for s in first_spy.calls + refiner_spy.calls)
     assert refiner_spy.progress == [0.5, 0.75]
-    assert "Refiner: refiner" in res.infotexts[0] and ext.ERROR_KEY not in res.js()
+    assert "Refiner: refiner" in res.infotexts[0] and R.ERROR_KEY not in res.js()
     assert no_hooks_anywhere(first) and no_hooks_anywhere(refiner)
     _, (spy,) = generate(txt, None, [first], steps=2)  # the next batch/generation swaps back, unpatched
     assert sd_models.loads == ["sd15", "refiner", "sd15"] and spy.calls and all(s is None for s in spy.calls)
@@ -451,7 +452,7 @@ def test_model_without_transformer_blocks_runs_unmerged_with_a_note(start, build
     _off, (off_spy,) = generate(txt, None, [flux])
     note = "nothing merged (Flux is a diffusion transformer: only the step cache acts on it, and it is off)"
     assert note in res.infotexts[0]
-    assert note in res.js() and ext.ERROR_KEY not in res.js()
+    assert note in res.js() and R.ERROR_KEY not in res.js()
     assert identical(spy.outputs, off_spy.outputs)
     assert no_hooks_anywhere(flux)
 
@@ -462,7 +463,7 @@ def test_the_step_cache_acts_on_forges_flux_and_the_plain_image_follows(start, b
     _plain, (plain_spy,) = generate(txt, None, [flux], steps=6)
     res, (spy,) = generate(txt, tome_args(txt, ratio=0.0, cache=True), [flux], steps=6)
     _after, (after_spy,) = generate(txt, None, [flux], steps=6)
-    assert 'ToMe cache steps: "3 full, 3 cached"' in res.infotexts[0] and ext.NOTE_KEY not in res.js()
+    assert 'ToMe cache steps: "3 full, 3 cached"' in res.infotexts[0] and R.NOTE_KEY not in res.js()
     assert spy.cached == uniform_plan(S.ToMeSettings(cache=True), 6)  # auto: the uniform schedule on a transformer
     assert not identical(spy.outputs, plain_spy.outputs) and identical(after_spy.outputs, plain_spy.outputs)
     assert no_hooks_anywhere(flux)
@@ -510,6 +511,6 @@ def test_what_another_extensions_attn1_patch_leaves_unmerged_is_noted(start, bui
     unet = unet_of(builders["sd15"])
     txt, _ = start(extension_dirs=(_patching_extension(tmp_path, body), str(ROOT)))
     res, (spy,) = generate(txt, tome_args(txt, method=method), [unet])
-    assert spy.calls and all(s is not None for s in spy.calls) and ext.ERROR_KEY not in res.js()
-    assert f"{ext.NOTE_KEY}: " in res.infotexts[0] and note in res.infotexts[0] and note in res.js()
+    assert spy.calls and all(s is not None for s in spy.calls) and R.ERROR_KEY not in res.js()
+    assert f"{R.NOTE_KEY}: " in res.infotexts[0] and note in res.infotexts[0] and note in res.js()
     assert no_hooks_anywhere(unet) and all(tome_core.get_patch(b) is None for b in transformer_blocks(unet))

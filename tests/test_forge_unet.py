@@ -18,8 +18,9 @@ from models import Holder, photo_latents, rel
 from torch import nn
 
 import tome_core
-from tome_core.patch import find_unet, transformer_blocks
-from tome_core.planning import level_sizes
+from tome_core.families import transformer_blocks
+from tome_core.merging.planning import level_sizes
+from tome_core.session import find_unet
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +204,7 @@ def test_max_downsample_auto_is_read_from_forges_config_before_any_forward(pairs
     assert not hasattr(forge, "attention_resolutions")
     assert forge.config["transformer_depth"][:2] == [0, 0]  # no transformer blocks at full resolution
     with patched(forge, pairs["sd15"][1], max_downsample="auto") as (sdxl, sd15):
-        assert sdxl.planner.auto_downsample == 2 and sd15.planner.auto_downsample == 1
+        assert sdxl.merger.planner.auto_downsample == 2 and sd15.merger.planner.auto_downsample == 1
 
 
 def test_forge_controlnet_patched_equals_the_ldm_one_patched():
@@ -266,7 +267,7 @@ def test_attn1_patch_that_keeps_keys_and_values_is_merged_in_full(pairs, method)
         report = patch.report()
     assert rel(plain, forge_run(forge, x, t, ctx)) > 1e-4
     assert torch.equal(with_patch, plain)
-    assert report.query_only == report.todo_off == 0 and report.notes == ()
+    assert report.merge.query_only == report.merge.todo_off == 0 and report.notes == ()
 
 
 def test_attn1_patch_with_its_own_keys_leaves_only_queries_merged_and_says_so(pairs):
@@ -278,7 +279,7 @@ def test_attn1_patch_with_its_own_keys_leaves_only_queries_merged_and_says_so(pa
         out = forge_run(forge, x, t, ctx, options)
         report = patch.report()
     assert out.shape == unmerged.shape and rel(out, unmerged) > 1e-4  # the queries were merged
-    assert report.query_only == _count_level1_blocks(forge) == 5
+    assert report.merge.query_only == _count_level1_blocks(forge) == 5
     assert report.notes == ("only queries merged in 5 of 16 blocks (an attn1 patch set keys/values)",)
 
 
@@ -291,7 +292,7 @@ def test_todo_leaves_keys_and_values_of_an_attn1_patch_alone_and_says_so(pairs):
         out = forge_run(forge, x, t, ctx, options)
         report = patch.report()
     assert torch.equal(out, unmerged)
-    assert report.todo_off == 5 and report.query_only == 0
+    assert report.merge.todo_off == 5 and report.merge.query_only == 0
     assert "no token downsampling in 5 of 16 blocks" in report.notes[0]
 
 
@@ -317,20 +318,21 @@ def test_replaced_attn1_is_not_merged_and_is_reported(pairs, method):
         forge_run(forge, x, t, ctx)
         after_reset = patch.report()
     assert torch.equal(out, unmerged)  # attn1 was the only target: nothing merged
-    assert report.attn1_skipped == 5 and report.forwards == 1
+    assert report.merge.attn1_skipped == 5 and report.forwards == 1
     assert report.notes == ("self-attention not merged in 5 of 16 blocks (attn1 replaced by another extension)",)
     assert after_reset.notes == () and after_reset.forwards == 1
 
 
 @pytest.mark.parametrize("settings", [dict(ratio=0.0), dict(method="downsample", downsample_factor=1)])
 def test_replaced_attn1_is_not_reported_where_tome_would_not_have_changed_it(pairs, settings):
-    """Ratio 0 merges no token and ToDo with factor 1 keeps every key: a replaced attn1 loses nothing there."""
+    """Ratio 0 merges no token and ToDo with factor 1 keeps every key: a replaced attn1 loses nothing there (and the
+    session builds no merger at all: no hook, no forward counted)."""
     _, forge = pairs["sd15"]
     x, t, ctx = inputs(2, (32, 40))
     with patched(forge, **settings) as (patch,):
         forge_run(forge, x, t, ctx, _replace_attn1(forge))
         report = patch.report()
-    assert report.forwards == 1 and report.attn1_skipped == 0 and report.notes == ()
+    assert report.forwards == 0 and report.merge is None and report.notes == ()
 
 
 def test_replaced_attn1_in_some_blocks_with_crossattn_merged_plans_from_the_block_input(pairs):
@@ -344,7 +346,7 @@ def test_replaced_attn1_in_some_blocks_with_crossattn_merged_plans_from_the_bloc
         out = forge_run(forge, x, t, ctx, _replace_attn1(forge, [("input", i) for i in range(12)]))
         report = patch.report()
     assert torch.equal(out, ref)
-    assert report.attn1_skipped == 0  # attn1 is no target here
+    assert report.merge.attn1_skipped == 0  # attn1 is no target here
 
 
 def test_attn1_output_patch_and_attn2_patch_see_full_length_tokens(pairs):
@@ -381,7 +383,9 @@ def test_blocks_whose_tokens_do_not_fit_the_latent_are_reported(pairs):
         out = blocks[0](tokens.clone(), context=ctx)
         report = patch.report()
     assert torch.equal(out, blocks[0](tokens.clone(), context=ctx))
-    assert report.unfit == 1 and report.notes == ("1 of 16 blocks unmerged (token count does not fit the latent size)",)
+    assert report.merge.unfit == 1 and report.notes == (
+        "1 of 16 blocks unmerged (token count does not fit the latent size)",
+    )
 
 
 # --- leak-proof ---------------------------------------------------------------------------------------------------
@@ -500,7 +504,7 @@ def test_a_model_without_transformer_blocks_patches_runs_unchanged_and_says_so()
         assert tome_core.get_patch(engine) is patch
         assert not any(m._forward_pre_hooks or m._forward_hooks for m in flux.modules())
         assert torch.equal(patcher.model.apply_model(x, t, c_crossattn=ctx), base)
-        assert patch.report().blocks == 0
+        assert patch.merger is None and patch.report().merge is None
         assert patch.report().notes == (f"nothing merged ({type(engine).__name__} has no UNet transformer blocks)",)
         tome_core.remove_patch(engine)
     assert tome_core.get_patch(engine) is None

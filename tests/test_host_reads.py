@@ -77,7 +77,7 @@ def test_patched_forward_with_reported_progress_reads_nothing_back(holder, setti
             unet(x, t - 50 * step, ctx)
             unet(x[:1], t[:1] - 50 * step, ctx[:1])  # cond and uncond as separate calls
     assert not counts, dict(counts)
-    assert patch.planner.plans_computed > 0 or settings.get("method") == "downsample"
+    assert patch.merger.planner.plans_computed > 0 or settings.get("method") == "downsample"
 
 
 def test_without_reported_progress_one_read_per_call_when_a_setting_needs_the_timestep(holder):

@@ -6,7 +6,7 @@ import pytest
 import tomesd.merge
 import torch
 
-from tome_core import merge as tm
+from tome_core.merging import merge as tm
 
 
 def naive_merge(x: torch.Tensor, part: tm.Partition, r: int) -> torch.Tensor:

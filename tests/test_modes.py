@@ -9,8 +9,8 @@ import torch
 from models import Holder, make_unet, photo_latents, rel
 
 import tome_core
-from tome_core import merge as tm
-from tome_core.patch import transformer_blocks
+from tome_core.families import transformer_blocks
+from tome_core.merging import merge as tm
 
 
 def inputs(batch=2, h=32, w=40, t=601.0, seed=0):
@@ -44,11 +44,11 @@ def test_share_plan_computes_one_plan_per_level_per_forward(holder):
     x, t, ctx = inputs()
     patch = tome_core.apply_patch(holder, ratio=0.5, use_rand=False)
     exact = unet(x, t, ctx)
-    assert patch.planner.plans_computed == LEVEL1_BLOCKS
+    assert patch.merger.planner.plans_computed == LEVEL1_BLOCKS
     patch = tome_core.apply_patch(holder, ratio=0.5, use_rand=False, max_downsample=2, share_plan=True)
     unet(x, t, ctx)
     unet(x, t, ctx)  # a second call of the same step plans anew: it may be the uncond pass
-    assert patch.planner.plans_computed == 2 * 2  # two levels, two calls
+    assert patch.merger.planner.plans_computed == 2 * 2  # two levels, two calls
     patch = tome_core.apply_patch(holder, ratio=0.5, use_rand=False, share_plan=True)
     shared = unet(x, t, ctx)
     assert 1e-5 < rel(shared, exact) < 0.2  # a plan from another block's tokens: close, not equal
@@ -62,11 +62,11 @@ def test_plan_interval_recomputes_every_k_reported_steps(holder):
     for step in range(7):
         patch.set_progress(step / 7)
         unet(x + 0.01 * step, t - 10 * step, ctx)
-        counts.append(patch.planner.plans_computed)
+        counts.append(patch.merger.planner.plans_computed)
     assert counts == [5, 5, 5, 10, 10, 10, 15]
     patch.set_progress(0.0)  # a new pass (the hires fix): plans are dropped
     unet(x, t, ctx)
-    assert patch.planner.plans_computed == 20
+    assert patch.merger.planner.plans_computed == 20
 
 
 def test_plan_interval_without_progress_counts_timesteps(holder):
@@ -75,9 +75,9 @@ def test_plan_interval_without_progress_counts_timesteps(holder):
     patch = tome_core.apply_patch(holder, ratio=0.5, use_rand=False, plan_interval=2, share_plan=True)
     for step in range(4):
         unet(x, t - 100 * step, ctx)
-    assert patch.planner.plans_computed == 2
+    assert patch.merger.planner.plans_computed == 2
     unet(x, t + 100, ctx)  # the timestep went up: a new sampling run
-    assert patch.planner.plans_computed == 3
+    assert patch.merger.planner.plans_computed == 3
 
 
 def test_separate_cond_uncond_calls_reuse_their_own_plans(holder):
@@ -100,7 +100,7 @@ def test_separate_cond_uncond_calls_reuse_their_own_plans(holder):
         xs, ts = x + 0.3 * step * noise, t - 50 * step
         patch.set_progress(step / 3)
         separate.append(torch.cat([unet(xs, ts, ctx), unet(xs * 0.8, ts, uncond)]))
-    assert patch.planner.plans_computed == 2  # one per call of the first step, reused by steps 2 and 3
+    assert patch.merger.planner.plans_computed == 2  # one per call of the first step, reused by steps 2 and 3
     for b, s in zip(batched, separate):
         assert rel(s, b) < 1e-5
 
@@ -110,13 +110,13 @@ def test_frozen_plans_are_never_recomputed(holder):
     x, t, ctx = inputs()
     patch = tome_core.apply_patch(holder, ratio=0.5, use_rand=False)
     exact = unet(x, t, ctx)
-    patch.planner.freeze_plans = True
+    patch.merger.planner.freeze_plans = True
     first = unet(x, t, ctx)
     second = unet(x, t - 300, ctx)
-    assert patch.planner.plans_computed == 2 * LEVEL1_BLOCKS
+    assert patch.merger.planner.plans_computed == 2 * LEVEL1_BLOCKS
     assert torch.equal(first, exact) and not torch.equal(second, exact)
     third = unet(x, t, ctx)
-    assert patch.planner.plans_computed == 2 * LEVEL1_BLOCKS and torch.equal(third, exact)
+    assert patch.merger.planner.plans_computed == 2 * LEVEL1_BLOCKS and torch.equal(third, exact)
 
 
 # --- token downsampling (ToDo) ---------------------------------------------------------------------
@@ -174,7 +174,7 @@ def test_downsample_on_sdxl_layout_starts_at_its_first_attention_level(sdxl_unet
         for h in handles:
             h.remove()
         tome_core.remove_patch(sdxl_unet)
-    assert patch.planner.auto_downsample == 2
+    assert patch.merger.planner.auto_downsample == 2
     assert set(seen) == {(20 * 24, 10 * 12), (10 * 12, None)}
     assert rel(out, base) > 1e-4
 
@@ -203,7 +203,7 @@ def test_schedule_inactive_is_bit_identical_and_follows_reported_progress(holder
         assert rel(unet(x, t, ctx), base) > 1e-4
         patch.set_progress(0.7)
         assert torch.equal(unet(x, t, ctx), base)
-        assert method == "downsample" or patch.planner.plans_computed == LEVEL1_BLOCKS
+        assert method == "downsample" or patch.merger.planner.plans_computed == LEVEL1_BLOCKS
 
 
 def test_schedule_falls_back_to_the_timestep(holder):

@@ -11,8 +11,8 @@ from neighbours import animatediff, controlnet_lllite
 from neighbours.kohya_hiresfix.scripts.khrfix import Scaler
 
 import tome_core
-from tome_core import merge as tm
-from tome_core.patch import transformer_blocks
+from tome_core.families import transformer_blocks
+from tome_core.merging import merge as tm
 
 
 def inputs(batch=2, h=32, w=48, t=601.0, seed=0):
@@ -107,7 +107,9 @@ def test_without_resizing_the_live_grid_is_the_latent_size_level(unet, grids, si
     tome_core.apply_patch(holder, ratio=0.5, max_downsample=8, use_rand=True, seed=1)
     unet(x, t, ctx)
     tome_core.remove_patch(holder)
-    levels = [(h, w) for _, h, w in tome_core.planning.level_sizes(*size)][:4]  # SD1.5: blocks down to the middle one
+    levels = [(h, w) for _, h, w in tome_core.merging.planning.level_sizes(*size)][
+        :4
+    ]  # SD1.5: blocks down to the middle one
     assert {(h, w) for _, h, w in grids} == set(levels)
 
 
@@ -130,7 +132,7 @@ def test_step_cache_beside_deep_shrink_steps_aside_with_a_note(unet):
         unshrink(unet)
     tome_core.remove_patch(holder)
     assert all(torch.equal(a, b) for a, b in zip(outs[True], outs[False]))
-    assert report.unfit == 0
+    assert report.merge.unfit == 0
 
 
 # --- attention layers another extension takes over --------------------------------------------------------------------

@@ -18,7 +18,7 @@ from models import make_unet, photo_latents, rel
 from modules import errors, infotext_utils, scripts
 
 import tome_core
-from tome_core import extension as ext
+from tome_core import run as R
 
 ROOT = Path(__file__).resolve().parents[1]
 NEIGHBOURS = ROOT / "tests" / "neighbours"
@@ -59,12 +59,12 @@ def generate(runner, args, build, **kwargs):
     kwargs = {"width": 256, "height": 256, "steps": 3, **kwargs}
     res, (spy,) = generation.generate(forge.make_txt2img, runner, args, [unet_of(build)], **kwargs)
     assert not errors.reported, errors.reported
-    assert ext.ERROR_KEY not in res.js()
+    assert R.ERROR_KEY not in res.js()
     return res, spy
 
 
 def note_of(res) -> str:
-    return infotext_utils.parse_generation_parameters(res.infotexts[0]).get(ext.NOTE_KEY, "")
+    return infotext_utils.parse_generation_parameters(res.infotexts[0]).get(R.NOTE_KEY, "")
 
 
 def clean(build) -> bool:
@@ -266,4 +266,4 @@ def test_adetailer_passes_on_forge_never_run_on_the_main_passes_patch(start, bui
     main = [s for s, out in zip(spy.calls, spy.outputs) if out.shape[-1] != 8]
     assert nested and all(s is None for s in nested)
     assert [s and s.ratio for s in main] == [0.5, 0.5, 0.3, 0.3] * 2 and clean(build)
-    assert len(res.images) == 2 and ext.ERROR_KEY not in res.js()  # both images, and no ToMe error in the infotext
+    assert len(res.images) == 2 and R.ERROR_KEY not in res.js()  # both images, and no ToMe error in the infotext

@@ -10,8 +10,8 @@ from generation import identical, pixels
 from neo_generation import generate, module_of, tome_args, unet_of, with_script
 from test_cache_hosts import cached_schedule, untouched
 
-from tome_core import extension as ext
-from tome_core import forge_caches
+from tome_core import run as R
+from webui_tome import forge_caches
 
 
 def spectrum_args(runner, **tome):
@@ -30,7 +30,7 @@ def test_spectrum_forecasts_steps_and_our_step_cache_steps_aside_while_merging_g
     res, (spy,) = generate(txt, spectrum_args(txt, ratio=0.5, cache=True), [unet], steps=6)
     assert "step cache off: Spectrum Integrated caches the steps" in res.infotexts[0]
     assert len(spy.calls) == 4 and all(s is not None and s.ratio == 0.5 and not s.cache for s in spy.calls)
-    assert not any(spy.cached) and ext.ERROR_KEY not in res.js() and untouched(unet)
+    assert not any(spy.cached) and R.ERROR_KEY not in res.js() and untouched(unet)
     cache_only, (cache_spy,) = generate(txt, spectrum_args(txt, ratio=0.0, cache=True), [unet], steps=6)
     assert identical(cache_spy.outputs, alone_spy.outputs) and identical(pixels(cache_only), pixels(alone))
     assert "step cache off: Spectrum Integrated caches the steps" in cache_only.infotexts[0]
@@ -47,7 +47,7 @@ def test_first_block_cache_on_anima_takes_the_steps_and_on_sd15_skips_so_ours_ca
         in res.infotexts[0]
     )
     assert "step cache off: First Block Cache Integrated caches the steps" in res.infotexts[0]
-    assert ext.ERROR_KEY not in res.js() and untouched(anima)
+    assert R.ERROR_KEY not in res.js() and untouched(anima)
     forge_models.select_checkpoint("sd15")  # FBCache does not support SD1.5 and skips: our step cache runs
     res, (spy,) = generate(txt, args, [sd15], steps=4)
     assert "fbcache" not in res.infotexts[0] and "First Block Cache" not in res.js()

@@ -17,8 +17,8 @@ from generation import identical
 from modules import errors, infotext_utils, scripts, shared
 
 import tome_core
-from tome_core import extension as ext
-from tome_core.patch import transformer_blocks
+from tome_core import run as R
+from tome_core.families import transformer_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 NEIGHBOURS = ROOT / "tests" / "neighbours"
@@ -66,7 +66,7 @@ def clean(sd_model) -> bool:
 
 def note_of(res) -> str:
     """The ``ToMe note`` of the first image's infotext, as PNG info reads it back ("" when there is none)."""
-    return infotext_utils.parse_generation_parameters(res.infotexts[0]).get(ext.NOTE_KEY, "")
+    return infotext_utils.parse_generation_parameters(res.infotexts[0]).get(R.NOTE_KEY, "")
 
 
 # --- Hypertile (built-in) -------------------------------------------------------------------------------------------
@@ -262,7 +262,7 @@ def test_adetailer_passes_never_run_on_the_main_passes_patch(adetailer, sd_model
     assert nested and all(s is None for s in nested)
     assert main and all(s is not None for s in main)
     assert [s.ratio for s in main] == [0.5, 0.5, 0.3, 0.3] * 2  # first pass, hires pass, per batch
-    assert len(res.images) == 2 and ext.ERROR_KEY not in res.js() and clean(sd_model)
+    assert len(res.images) == 2 and R.ERROR_KEY not in res.js() and clean(sd_model)
 
 
 def test_adetailer_with_tome_in_its_script_list_gets_a_decision_of_its_own(adetailer, sd_model):
@@ -279,4 +279,4 @@ def test_adetailer_with_tome_in_its_script_list_gets_a_decision_of_its_own(adeta
         nested, main = split_by_size(spy, crop // 8)
         assert nested and all((s is not None and s.ratio == 0.5) if merged else s is None for s in nested)
         assert [s and s.ratio for s in main] == [0.5, 0.5, 0.3, 0.3] * 2
-        assert ext.ERROR_KEY not in res.js() and clean(sd_model)
+        assert R.ERROR_KEY not in res.js() and clean(sd_model)

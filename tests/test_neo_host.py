@@ -15,7 +15,7 @@ from neo_double import backend, sd_models
 from neo_generation import C, F, generate, tome_args, unet_of
 from test_cache_hosts import cached_schedule, untouched
 
-from tome_core import extension as ext
+from tome_core import run as R
 
 
 def test_sd15_merges_and_the_next_generation_without_tome_is_the_plain_one(start_neo, neo_builders):
@@ -25,7 +25,7 @@ def test_sd15_merges_and_the_next_generation_without_tome_is_the_plain_one(start
     res, (spy,) = generate(txt, tome_args(txt, ratio=0.5), [unet], width=64, height=64)
     assert spy.calls and all(s is not None and s.ratio == 0.5 for s in spy.calls)
     assert not any(torch.equal(a, b) for a, b in zip(spy.outputs, plain_spy.outputs))
-    assert "ToMe: True" in res.infotexts[0] and ext.ERROR_KEY not in res.js() and ext.NOTE_KEY not in res.js()
+    assert "ToMe: True" in res.infotexts[0] and R.ERROR_KEY not in res.js() and R.NOTE_KEY not in res.js()
     assert untouched(unet)
     off, (off_spy,) = generate(txt, None, [unet], width=64, height=64)
     assert identical(off_spy.outputs, plain_spy.outputs) and identical(pixels(off), pixels(plain))
@@ -49,7 +49,7 @@ def test_the_hires_pass_neo_prepares_once_gets_the_hires_ratio_and_cache_interva
     sizes = [int(o.shape[-1]) for o in spy.outputs]
     assert [s.ratio for s in spy.calls] == [0.3] * 4 + [0.6] * 4 and sizes == [8] * 4 + [16] * 4
     assert spy.cached == cached_schedule(4, 2) + cached_schedule(4, 3)
-    assert "ToMe hires ratio: 0.6" in res.infotexts[0] and ext.ERROR_KEY not in res.js()
+    assert "ToMe hires ratio: 0.6" in res.infotexts[0] and R.ERROR_KEY not in res.js()
     assert untouched(unet)
 
 
@@ -76,7 +76,7 @@ def test_neos_builtin_token_merging_and_its_options_are_taken_over_and_left_as_t
     assert spy.calls and all(s is not None for s in spy.calls) and not backend.TomePatcher.calls
     assert all("attn1_patch" not in patches for patches in spy.patches)
     assert set(sd_models.apply_token_merging_calls) == {0.0}
-    assert f"{ext.BUILTIN_KEY}: 0.4" in res.infotexts[0] and "Token merging ratio" not in res.infotexts[0]
+    assert f"{R.BUILTIN_KEY}: 0.4" in res.infotexts[0] and "Token merging ratio" not in res.infotexts[0]
     assert all(getattr(shared.opts, key) == value for key, value in settings.items())
     _, (again_spy,) = generate(runner, None, [unet], **kind)  # ToMe off again: the built-in as before
     assert backend.TomePatcher.calls and identical(again_spy.outputs, builtin_spy.outputs)
@@ -97,13 +97,13 @@ def test_a_model_family_without_the_unet_runs_unmerged_with_notes_and_sd15_merge
     notes = res.js()
     assert f"nothing merged ({family} has no UNet transformer blocks)" in res.infotexts[0]
     assert "step cache off: the cache does not know this model's blocks" in notes
-    assert ext.ERROR_KEY not in notes and not errors.reported  # no error, no traceback
+    assert R.ERROR_KEY not in notes and not errors.reported  # no error, no traceback
     assert identical(spy.outputs, plain_spy.outputs) and identical(pixels(res), pixels(plain))
     assert untouched(model)
     forge_models.select_checkpoint("sd15")  # the next generation on SD1.5 is merged again
     merged, (sd_spy,) = generate(txt, tome_args(txt, ratio=0.5), [sd15], steps=2)
     assert sd_spy.calls and all(s is not None and s.ratio == 0.5 for s in sd_spy.calls)
-    assert ext.NOTE_KEY not in merged.js() and untouched(sd15)
+    assert R.NOTE_KEY not in merged.js() and untouched(sd15)
 
 
 @pytest.mark.parametrize("family", CACHED)
@@ -115,7 +115,7 @@ def test_the_accordions_cache_acts_on_neos_transformers_and_the_plain_image_foll
     res, (spy,) = generate(txt, tome_args(txt, **cache), [model], steps=6)
     again, _ = generate(txt, tome_args(txt, **cache), [model], steps=6)
     after, (after_spy,) = generate(txt, None, [model], steps=6)
-    assert 'ToMe cache steps: "3 full, 3 cached"' in res.infotexts[0] and ext.NOTE_KEY not in res.js()
+    assert 'ToMe cache steps: "3 full, 3 cached"' in res.infotexts[0] and R.NOTE_KEY not in res.js()
     assert [c for c in spy.cached] == cached_schedule(6, 3) and not errors.reported
     assert not identical(spy.outputs, plain_spy.outputs) and identical(pixels(again), pixels(res))
     assert identical(after_spy.outputs, plain_spy.outputs) and identical(pixels(after), pixels(plain))
@@ -134,7 +134,7 @@ def test_a_cache_branch_too_deep_for_the_model_is_named_and_tome_is_off_for_the_
     assert "ToMe: True" not in info and "ToMe cache branch" not in info and "ToMe seed" not in info
     assert identical(spy.outputs, plain_spy.outputs) and identical(pixels(res), pixels(plain)) and untouched(model)
     after, _ = generate(txt, tome_args(txt, ratio=0.0, cache=True), [model], steps=4)
-    assert "ToMe cache steps" in after.infotexts[0] and ext.ERROR_KEY not in after.js()  # the next one runs
+    assert "ToMe cache steps" in after.infotexts[0] and R.ERROR_KEY not in after.js()  # the next one runs
 
 
 def _switch_sigma(steps: int, at_step: int) -> float:
@@ -161,6 +161,6 @@ def test_the_refiner_by_sigma_starts_a_fresh_cache_also_when_its_weights_load_in
     assert (first_spy.cached if fast_sd else first_spy.cached + refiner_spy.cached) == cached
     assert len(first_spy.calls) == (6 if fast_sd else at) and len(refiner_spy.calls) == (0 if fast_sd else 6 - at)
     assert all(s is not None and s.ratio == 0.4 for s in first_spy.calls + refiner_spy.calls)
-    assert "Refiner: refiner" in res.infotexts[0] and ext.ERROR_KEY not in res.js()
+    assert "Refiner: refiner" in res.infotexts[0] and R.ERROR_KEY not in res.js()
     assert untouched(first) and untouched(refiner)
     assert all(torch.equal(v, first.state_dict()[k]) for k, v in weights.items())  # Neo put the weights back

@@ -17,7 +17,7 @@ from ldm.modules.attention import BasicTransformerBlock
 from models import Holder, make_unet, photo_latents, rel
 
 import tome_core
-from tome_core.patch import transformer_blocks
+from tome_core.families import transformer_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -241,7 +241,7 @@ def test_sdxl_layout_auto_level_and_oracle(sdxl_unet):
     x, t, ctx = inputs(h=40, w=48)
     base = sdxl_unet(x, t, ctx)
     patch = tome_core.apply_patch(holder, ratio=0.5, max_downsample="auto", use_rand=False)
-    assert patch.planner.auto_downsample == 2
+    assert patch.merger.planner.auto_downsample == 2
     ours = sdxl_unet(x, t, ctx)
     tome_core.apply_patch(holder, ratio=0.5, max_downsample=1, use_rand=False)
     assert torch.equal(sdxl_unet(x, t, ctx), base)  # what tomesd's default does on SDXL: nothing

@@ -13,7 +13,7 @@ from generation import tome_args
 from modules import processing, sd_models, shared
 
 import tome_core
-from tome_core import extension as ext
+from tome_core import run as R
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def test_webui_refiner_model_is_merged_from_the_switch_on_and_both_left_clean():
             res = processing.process_images(p)
         assert [m for m, _ in seen] == [main, main, refiner, refiner]
         assert all(s is not None and s.ratio == 0.4 and s.seed == 3 for _, s in seen)
-        assert "Refiner: tiny-refiner" in res.infotexts[0] and ext.ERROR_KEY not in res.js()
+        assert "Refiner: tiny-refiner" in res.infotexts[0] and R.ERROR_KEY not in res.js()
         assert tome_core.get_patch(main) is None and tome_core.get_patch(refiner) is None
         assert shared.sd_model is refiner  # the WebUI swaps back at the next generation's reload
     finally:

@@ -16,8 +16,8 @@ from gradio_page import Page
 from modules import infotext_utils
 from modules.api import api
 
-from tome_core import extension as ext
 from tome_core import settings as S
+from webui_tome import extension as ext
 
 ROOT = Path(__file__).resolve().parents[1]
 TABS = ("txt2img", "img2img")

@@ -1,7 +1,10 @@
-"""Token Merging for Stable Diffusion UNets (ldm / sgm layout), pure torch, no WebUI imports.
+"""ToMe's engine, pure torch, no host imports: two training-free speed-ups for diffusion models, as peers of one
+session per model (:mod:`tome_core.session`) — token merging on the UNets' transformer blocks (:mod:`.merging`) and a
+step cache over the blocks of UNets and diffusion transformers (:mod:`.caching`) — over the model families that say
+where each acts (:mod:`.families`), driven by one settings record (:mod:`.settings`).
 
 import tome_core
-tome_core.apply_patch(model, ratio=0.5)   # model: a UNet, or what holds it (find_unet: WebUI, Forge engine, KModel)
+tome_core.apply_patch(model, ratio=0.5, cache=True)   # model: a UNet or transformer, or what holds it (find_unet)
 ...
 tome_core.remove_patch(model)
 """
@@ -10,15 +13,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from .patch import Patch, apply_settings, find_unet, get_patch, remove_patch
-from .report import MergeReport
+from .families import has_transformer_blocks
+from .report import CacheReport, MergeReport, PassCount, Report
+from .session import Session, apply_settings, find_unet, get_patch, remove_patch
 from .settings import FIELDS, NAMES, SettingsError, ToMeSettings, from_args, from_dict, to_args, to_dict
 
 __all__ = [
     "FIELDS",
     "NAMES",
+    "CacheReport",
     "MergeReport",
-    "Patch",
+    "PassCount",
+    "Report",
+    "Session",
     "SettingsError",
     "ToMeSettings",
     "apply_patch",
@@ -28,6 +35,7 @@ __all__ = [
     "from_args",
     "from_dict",
     "get_patch",
+    "has_transformer_blocks",
     "remove_patch",
     "to_args",
     "to_dict",
@@ -46,16 +54,17 @@ def apply_patch(
     merge_crossattn: bool = False,
     merge_mlp: bool = False,
     **more: Any,
-) -> Patch:
-    """Patch ``model`` with token merging; calling it again re-configures (never stacks).
+) -> Session:
+    """Patch ``model`` with token merging (and, with ``cache=True``, the step cache); calling it again re-configures
+    (never stacks).
 
     ``max_downsample`` is 1, 2, 4, 8 or ``"auto"`` (the highest-resolution level that has transformer
     blocks). With ``use_rand`` the destinations are drawn from a private generator derived from
-    ``seed`` (``None`` means 0) and the step (the progress reported with :meth:`Patch.set_progress`, else
+    ``seed`` (``None`` means 0) and the step (the progress reported with :meth:`Session.set_progress`, else
     the call's timestep, read back once per call), so results are reproducible and the cond and uncond
     passes of a step share one partition. Further keyword arguments are other
     :class:`ToMeSettings` fields. Invalid values raise :class:`SettingsError` and leave ``model``
-    unpatched. Returns the :class:`Patch`.
+    unpatched. Returns the :class:`Session`.
     """
     settings = from_dict(
         dict(
@@ -77,7 +86,7 @@ def apply_patch(
 def cache_stats(model: Any) -> list[dict[str, int]]:
     """The step cache's steps per sampling pass since the patch on ``model`` (or the UNet it holds) was applied:
     ``{"full": n, "cached": n, "skipped": n}`` each, in order; empty without a patch or without the step cache. A step
-    counts as full when any of its UNet calls ran in full (cond and uncond may be separate calls)."""
+    counts as full when any of its model calls ran in full (cond and uncond may be separate calls)."""
     patch = get_patch(model)
     if patch is None or patch.cache is None:
         return []

@@ -1,20 +1,41 @@
-"""What a patch could not do, counted, and the short phrases a host shows for it (Forge's and the WebUI's
-``ToMe note``, ComfyUI's log): :class:`MergeReport`, made by :meth:`tome_core.patch.Patch.report`."""
+"""What a session's capabilities did and could not do, counted, and the short phrases a host shows for it (Forge's and
+the WebUI's ``ToMe note``, ComfyUI's log): :class:`Report`, made by :meth:`tome_core.session.Session.report`, holds
+token merging's :class:`MergeReport` and the step cache's :class:`CacheReport` side by side."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cache import CacheReport
+
+@dataclass(frozen=True)
+class PassCount:
+    """One sampling pass's steps: run in full (any call of the step ran in full), cached (every call cached)."""
+
+    full: int = 0
+    cached: int = 0
+    skipped: int = 0  # steps that ran no block at all (no schedule of this cache skips a whole step)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"full": self.full, "cached": self.cached, "skipped": self.skipped}
+
+
+@dataclass(frozen=True)
+class CacheReport:
+    """How the step cache ran since it was applied: calls run in full and cached, the steps of each sampling pass, and
+    why it stepped aside, if it did."""
+
+    full: int = 0
+    cached: int = 0
+    notes: tuple[str, ...] = ()
+    passes: tuple[PassCount, ...] = ()
 
 
 @dataclass(frozen=True)
 class MergeReport:
-    """What the patch could not merge, counted since it was applied or :meth:`Patch.reset_report`; the
-    host words it (Forge's ``ToMe note``). Counts of blocks are of distinct transformer blocks.
+    """What token merging could not merge, counted since it was applied or :meth:`Session.reset_report`. Counts of
+    blocks are of distinct transformer blocks.
 
-    * ``blocks``: transformer blocks in the patched module; 0 means nothing can be merged (Flux, SD3, Chroma).
-    * ``forwards``: forwards of the patched module seen (0 with ``blocks == 0``: no hooks at all).
+    * ``blocks``: transformer blocks in the patched module.
     * ``attn1_skipped``: blocks that ran inside the step schedule at a level ToMe acts on, with ``attn1`` a
       target (``merge_attn`` or ToDo), whose ``attn1`` module was never called (replaced by another
       extension through Forge's ``patches_replace``: reference-only, StyleAlign, SAG) or is no attention any more
@@ -24,40 +45,20 @@ class MergeReport:
     * ``todo_off``: the same with ``method="downsample"``: keys/values were left as given, no ToDo there.
     * ``unfit``: blocks that ran unmerged because their token count did not fit the latent size (warned).
     * ``aside``: ``(layer, reason, blocks)`` for layers left unmerged because another extension takes them over
-      (:func:`tome_core.neighbours.taken_over`: ``"self-attention"`` tiled by Hypertile, patched by ControlNet-LLLite,
-      …), counted where ToMe would have changed them.
-    * ``cache``: the step cache's report (calls run in full and cached, where it stepped aside), when it is on.
-    * ``model``: what the notes call the model (the class of the object the host passed: Forge's engine ``Flux``).
-    * ``transformer``: the model is a diffusion transformer the step cache knows (token merging does not act on it:
-      ``benchmarks.dit_merge`` measured it losing to the cache at every speed).
+      (:func:`tome_core.merging.neighbours.taken_over`: ``"self-attention"`` tiled by Hypertile, patched by
+      ControlNet-LLLite, …), counted where ToMe would have changed them.
     """
 
     blocks: int
-    forwards: int = 0
     attn1_skipped: int = 0
     query_only: int = 0
     todo_off: int = 0
     unfit: int = 0
     aside: tuple[tuple[str, str, int], ...] = ()
-    cache: CacheReport | None = None  # the step cache's calls and notes, when it is on
-    model: str = "this model"
-    merging: bool = True  # merging was asked for (ratio > 0): only then is "nothing merged" a shortfall
-    transformer: bool = False
 
     @property
     def notes(self) -> tuple[str, ...]:
         """Short, host-independent phrases, one per kind of shortfall (empty when there is none)."""
-        cache = self.cache.notes if self.cache is not None else ()
-        if self.blocks == 0 and not self.merging:
-            return cache
-        if self.blocks == 0 and self.transformer:
-            off = "" if self.cache is not None else ", and it is off"
-            return (
-                f"nothing merged ({self.model} is a diffusion transformer: only the step cache acts on it{off})",
-                *cache,
-            )
-        if self.blocks == 0:
-            return (f"nothing merged ({self.model} has no UNet transformer blocks)", *cache)
         of = f"of {self.blocks} blocks"
         counts = (
             (
@@ -69,4 +70,41 @@ class MergeReport:
             (self.unfit, f"{self.unfit} {of} unmerged (token count does not fit the latent size)"),
             *((count, f"{layer} not merged in {count} {of} ({reason})") for layer, reason, count in self.aside),
         )
-        return (*(text for count, text in counts if count), *cache)
+        return tuple(text for count, text in counts if count)
+
+
+@dataclass(frozen=True)
+class Report:
+    """What one session did: its model's forwards, token merging's report and the step cache's, each when it is on.
+
+    * ``model``: what the notes call the model (the class of the object the host passed: Forge's engine ``Flux``).
+    * ``forwards``: forwards of the patched module seen (0 where no capability acts: no hooks at all).
+    * ``merge``: token merging's shortfalls; None where it does not act (not asked for, or no transformer blocks).
+    * ``cache``: the step cache's calls, steps and notes; None when it is off.
+    * ``merging``: merging was asked for (ratio > 0): only then is "nothing merged" a shortfall.
+    * ``transformer``: the model is a diffusion transformer a family knows (token merging does not act on it:
+      ``benchmarks.dit_merge`` measured it losing to the cache at every speed).
+    """
+
+    model: str = "this model"
+    forwards: int = 0
+    merge: MergeReport | None = None
+    cache: CacheReport | None = None
+    merging: bool = True
+    transformer: bool = False
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """Short, host-independent phrases, one per kind of shortfall (empty when there is none)."""
+        cache = self.cache.notes if self.cache is not None else ()
+        if not self.merging:
+            return cache
+        if self.merge is None and self.transformer:
+            off = "" if self.cache is not None else ", and it is off"
+            return (
+                f"nothing merged ({self.model} is a diffusion transformer: only the step cache acts on it{off})",
+                *cache,
+            )
+        if self.merge is None:
+            return (f"nothing merged ({self.model} has no UNet transformer blocks)", *cache)
+        return (*self.merge.notes, *cache)

@@ -70,11 +70,6 @@ def call_arg(module: nn.Module, args: tuple, kwargs: dict, name: str) -> Any:
     return args[pos] if 0 <= pos < len(args) else None
 
 
-def unet_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[Any, Any]:
-    """A UNet call's input ``x`` and its ``timesteps``, by keyword or position (ldm's, sgm's, Forge's, ComfyUI's)."""
-    return (args[0] if args else kwargs.get("x")), call_arg(module, args, kwargs, "timesteps")
-
-
 def _chunk(kwargs: dict) -> tuple[int, ...] | None:
     options = kwargs.get("transformer_options")
     chunk = options.get("cond_or_uncond") if isinstance(options, dict) else None
@@ -104,7 +99,7 @@ class StepClock:
 
     def begin(self, x: Any, timesteps: Any, kwargs: dict, read_timestep: bool) -> Call:
         """Place the call starting now (the root's forward pre-hook) on the model's input ``x`` (a latent, or a
-        transformer's token sequence) at ``timesteps`` (on the 0–1000 scale; :func:`unet_input`). Without reported
+        transformer's token sequence) at ``timesteps`` (on the 0–1000 scale, as a family reads it). Without reported
         progress the timestep is read only if ``read_timestep`` (else every call counts as a new, unknown step)."""
         size = batch = shape = None
         if isinstance(x, torch.Tensor) and x.dim() in (3, 4, 5):  # (B, C, [T,] H, W): H x W; (B, tokens, width): both

@@ -1,6 +1,8 @@
-"""Model families: how the step cache finds, in one model, the blocks a cached step skips and where their result
-enters again (:class:`~tome_core.families.base.Layout`). The cache speaks of blocks; a family is an adapter that
-knows one model's layout: the ldm/sgm/Forge/ComfyUI UNets (:mod:`.unet`), diffusers' FLUX transformer (:mod:`.flux`)
+"""Model families: the only place that names a model's modules or reads its calls. A family is an adapter that knows
+one model's layout: where a call's input and time are (:meth:`Layout.place`), where the step cache skips blocks and
+where their result enters again (:class:`~tome_core.families.base.Layout`), and, for the UNets, where token merging
+acts (:func:`transformer_blocks`) and what a ControlNet model's cached call never reads (:func:`control_skipped`). The
+families: the ldm/sgm/Forge/ComfyUI UNets (:mod:`.unet`), diffusers' FLUX transformer (:mod:`.flux`)
 FLUX/Chroma (:mod:`.bfl`) as ComfyUI, Forge and Forge Neo run it, Wan, Lumina 2/Z-Image and Qwen-Image (:mod:`.chain`)
 as ComfyUI and Forge Neo run them, SD3/SD3.5 and Cosmos Predict2 (:mod:`.chain`) as ComfyUI runs them, and Anima
 (:mod:`.chain`) as Forge Neo runs it."""
@@ -13,7 +15,14 @@ from .base import Layout
 from .bfl import BflFlux
 from .chain import ComfyCosmos, ComfyLumina, ComfyMMDiT, ComfyQwenImage, ComfyWan
 from .flux import DiffusersFlux
-from .unet import UNetLayout
+from .unet import (
+    UNetLayout,
+    block_holders,
+    control_skipped,
+    has_transformer_blocks,
+    transformer_blocks,
+    unet_input,
+)
 
 FAMILIES: tuple[type[Layout], ...] = (
     UNetLayout,
@@ -37,12 +46,6 @@ def layout_for(root: nn.Module, branch: int) -> Layout | None:
     return None
 
 
-def is_transformer(root: nn.Module) -> bool:
-    """Whether ``root`` is a diffusion transformer a family knows (its blocks are the step cache's, not ToMe's)."""
-    layout = layout_for(root, 0)
-    return layout is not None and layout.transformer
-
-
 __all__ = [
     "FAMILIES",
     "BflFlux",
@@ -54,6 +57,10 @@ __all__ = [
     "DiffusersFlux",
     "Layout",
     "UNetLayout",
-    "is_transformer",
+    "block_holders",
+    "control_skipped",
+    "has_transformer_blocks",
     "layout_for",
+    "transformer_blocks",
+    "unet_input",
 ]

@@ -11,18 +11,74 @@ The cache acts on a block's layers (:func:`block_layers`), not on the block, bec
 block's layers instead of calling the block (``forward_timestep_embed``); the other hosts call the block, which calls
 its layers. A skipped layer answers with zeros of the shape it returned at the last full pass: the host's loop
 concatenates and adds as it always does (also a control model's residuals, in place in Forge and ComfyUI).
+
+The UNet family also says where token merging acts (:func:`transformer_blocks`: ldm/sgm's ``BasicTransformerBlock``
+layout, held by a ``SpatialTransformer``, :func:`block_holders`), how a call reads (:func:`unet_input`), and which
+modules of a ControlNet model a cached call never reads (:func:`control_skipped`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..settings import SettingsError
-from ..steps import unet_input
+from ..steps import call_arg
 from .base import Layout
+
+
+def unet_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    """A UNet call's input ``x`` and its ``timesteps``, by keyword or position (ldm's, sgm's, Forge's, ComfyUI's)."""
+    return (args[0] if args else kwargs.get("x")), call_arg(module, args, kwargs, "timesteps")
+
+
+# --- where token merging acts ------------------------------------------------------------------------------------
+def is_transformer_block(module: nn.Module) -> bool:
+    """A block laid out like ldm/sgm ``BasicTransformerBlock``: ``norm1, attn1, norm2, attn2, norm3, ff``."""
+    return all(isinstance(getattr(module, name, None), nn.Module) for name in ("norm1", "attn1", "attn2", "ff"))
+
+
+def transformer_blocks(root: nn.Module) -> Iterator[nn.Module]:
+    """The blocks token merging acts on, in module order."""
+    # nn.Module.modules, not root.modules: another extension's module may shadow it (Mikubill's ControlNet-LLLite
+    # model keeps its modules in a dict named ``modules``, controlnet_lllite.py l.153)
+    return (m for m in nn.Module.modules(root) if is_transformer_block(m))
+
+
+def has_transformer_blocks(root: nn.Module) -> bool:
+    """Whether ToMe has anything to merge in ``root`` (control models without blocks, e.g. adapters, have not)."""
+    return next(transformer_blocks(root), None) is not None
+
+
+def block_holders(root: nn.Module, index: Mapping[int, int]) -> Iterator[nn.Module]:
+    """The modules whose ``transformer_blocks`` list holds blocks of ``index`` (ldm/sgm/Forge SpatialTransformer)."""
+    for module in nn.Module.modules(root):  # as in transformer_blocks
+        inner = getattr(module, "transformer_blocks", None)
+        if isinstance(inner, nn.ModuleList) and any(id(block) in index for block in inner):
+            yield module
+
+
+def control_skipped(root: nn.Module, branch: int) -> list[nn.Module] | None:
+    """The modules of a ControlNet model (ldm layout: ``input_blocks``, ``zero_convs``, ``middle_block``,
+    ``middle_block_out``) whose residuals a UNet call cached at ``branch`` never reads: its input blocks beyond
+    ``branch``, their zero convolutions, its middle block and middle-block output; None when it is not laid out so."""
+    inputs, zeros = getattr(root, "input_blocks", None), getattr(root, "zero_convs", None)
+    middle, middle_out = getattr(root, "middle_block", None), getattr(root, "middle_block_out", None)
+    laid_out = (
+        isinstance(inputs, nn.ModuleList)
+        and isinstance(zeros, nn.ModuleList)
+        and len(inputs) == len(zeros)
+        and isinstance(middle, nn.Module)
+        and isinstance(middle_out, nn.Module)
+        and branch < len(inputs)
+    )
+    return [*inputs[branch + 1 :], *zeros[branch + 1 :], middle, middle_out] if laid_out else None
+
+
+# --- the step cache's layout ------------------------------------------------------------------------------------
 
 
 def unet_blocks(root: nn.Module) -> tuple[list[nn.Module], nn.Module, list[nn.Module]] | None:

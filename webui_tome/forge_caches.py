@@ -1,5 +1,5 @@
 """Recognising another step cache on the UNet patcher that samples: Forge Neo's built-in caches, beside
-:mod:`tome_core.forge_controlnet` (another adapter that reads Forge's patcher).
+:mod:`webui_tome.forge_controlnet` (another adapter that reads Forge's patcher).
 
 Two step caches never run on one model: each would take the other's skipped or forecast steps for real ones. Where one
 of these is set on the patcher, ToMe's step cache steps aside for that pass (token merging still acts on the steps the

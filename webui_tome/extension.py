@@ -1,5 +1,7 @@
-"""The WebUI extension's logic that needs no WebUI: per-generation state, infotext, paste-back, XYZ axes
-and the javascript hover hints, all derived from the settings record. ``scripts/tome.py`` wires it up.
+"""The WebUI extension's logic that needs no WebUI (A1111, Forge, Forge Classic, Forge Neo): the script's arguments,
+the sampling position read from the denoiser, the registry of patched models, XYZ axes, paste-back fields and the
+javascript hover hints, all derived from the settings record. ``scripts/tome.py`` wires it up; the run record and
+the infotext, which ComfyUI shares, are :mod:`tome_core.run`.
 """
 
 from __future__ import annotations
@@ -8,23 +10,19 @@ import json
 import logging
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
-from . import settings as S
-from .cache import PassCount
-from .patch import apply_settings, find_unet, get_patch, remove_patch
-from .settings import SettingsError, ToMeSettings
+from tome_core import settings as S
+from tome_core.report import PassCount
+from tome_core.session import apply_settings, find_unet, get_patch, remove_patch
+from tome_core.settings import SettingsError, ToMeSettings
 
 log = logging.getLogger("tome_core")
 
 TITLE = "ToMe"
-ERROR_KEY = "ToMe error"
-NOTE_KEY = "ToMe note"
-BUILTIN_KEY = "ToMe replaced built-in ratio"
-CACHE_STEPS_KEY = "ToMe cache steps"
 REFINER_KEY = "Refiner"  # the host's infotext key, set by its apply_refiner when it switches to the refiner
 JS_PATH = "javascript/tome.js"
 
@@ -36,13 +34,6 @@ def parse(args: Iterable[Any], overrides: dict[str, Any] | None = None) -> ToMeS
     """Settings from the script's arguments (positional, or one dict) plus XYZ overrides. Raises SettingsError."""
     base = S.to_dict(S.from_args(list(args)))
     return S.from_dict({**base, **(overrides or {})})
-
-
-def seed_for(settings: ToMeSettings, image_seed: int | None) -> int:
-    """The seed actually used: the setting, or the image seed where the setting is -1."""
-    if settings.seed >= 0 or image_seed is None:
-        return max(settings.seed, 0)
-    return int(image_seed) % 2**32
 
 
 def sampling_position(params: Any) -> tuple[float, int]:
@@ -126,108 +117,6 @@ class PatchRegistry:
         return sum(1 for root in self._roots if get_patch(root) is not None)
 
 
-@dataclass
-class Run:
-    """What one generation (one XYZ cell) asked for and what happened."""
-
-    settings: ToMeSettings
-    hires_pending: bool = False  # before_hr was called; the next sampling is the hires pass
-    current: ToMeSettings | None = None  # the sampling pass's settings while its model is patched
-    refined: bool = False  # the refiner has been switched in (the host's infotext says so)
-    notes: list[str] = field(default_factory=list)
-    pass_name: str = "first"  # the sampling pass patched now: "first" or "hires"
-    cache_steps: dict[str, PassCount] = field(default_factory=dict)  # per pass of this batch: the cache's steps
-
-    def pass_settings(self, image_seed: int | None, hires: bool) -> ToMeSettings:
-        """Settings for one sampling pass: the hires ratio and cache interval in the hires pass, the seed actually
-        used."""
-        s = self.settings
-        ratio = s.hires_ratio if hires and s.hires_ratio > 0 else s.ratio
-        interval = s.hires_cache_interval if hires and s.hires_cache_interval > 0 else s.cache_interval
-        return s.replace(ratio=ratio, cache_interval=interval, seed=seed_for(s, image_seed))
-
-    def too_small(self, width: int, height: int) -> bool:
-        return 0 < min(width, height) < self.settings.min_size
-
-    def note(self, *texts: str) -> None:
-        """Add what ToMe could not do (each text once, in order)."""
-        self.notes.extend(t for t in texts if t not in self.notes)
-
-    def count_cache(self, counts: Iterable[PassCount]) -> None:
-        """Add what the step cache ran to the current pass (the refiner's model, switched in mid-pass, adds its part)."""
-        for c in counts:
-            old = self.cache_steps.get(self.pass_name, PassCount())
-            self.cache_steps[self.pass_name] = PassCount(
-                old.full + c.full, old.cached + c.cached, old.skipped + c.skipped
-            )
-
-    @property
-    def cache_steps_text(self) -> str | None:
-        """The ``ToMe cache steps`` infotext value, e.g. ``8 full, 12 cached; hires 4 full, 6 cached``; None when the
-        step cache ran no step."""
-        parts = []
-        for name, c in self.cache_steps.items():
-            text = f"{c.full} full, {c.cached} cached" + (f", {c.skipped} skipped" if c.skipped else "")
-            parts.append(text if name == "first" else f"{name} {text}")
-        return "; ".join(parts) or None
-
-    @property
-    def note_text(self) -> str | None:
-        """The ``ToMe note`` infotext value, or None when there is nothing to say."""
-        return "; ".join(self.notes) if self.notes else None
-
-
-ALWAYS_WITH_CACHE = ("cache_forecast", "cache_schedule")
-"""Written whenever the cache is on, default or not: their defaults changed once, so an image says what it ran."""
-EARLIER_CACHE = {"cache_schedule": "uniform"}
-"""What an infotext with the cache on but without these keys ran (made before the keys were always written): the
-uniform schedule, and the forecast ``linear`` if it has ``ToMe cache steps`` (issue 23's version), else ``off``."""
-
-
-def records_seed(settings: ToMeSettings) -> bool:
-    """Whether the infotext gets the seed actually used: the random partition is on and something is merged (the
-    cache alone draws no partition)."""
-    return settings.use_rand and settings.merges
-
-
-def infotext(settings: ToMeSettings, used_seed: int | None) -> dict[str, Any]:
-    """Infotext entries for an enabled run: ``ToMe: True`` and every field that differs from its default (with the
-    cache on, its forecast and schedule whatever they are); the seed actually used whenever the random partition is
-    on and something is merged."""
-    out: dict[str, Any] = {S.spec("enabled").infotext: True}
-    for name in S.NAMES:
-        if name == "enabled":
-            continue
-        value = getattr(settings, name)
-        if name == "seed" and settings.use_rand and used_seed is not None:
-            if not records_seed(settings):
-                continue
-            value = used_seed
-        elif name in ALWAYS_WITH_CACHE and settings.cache:
-            pass
-        elif value == getattr(S.DEFAULTS, name):
-            continue
-        out[S.spec(name).infotext] = value
-    return out
-
-
-def fill_pasted(params: dict[str, Any]) -> None:
-    """Complete pasted infotext params in place so that every control is restored: a ToMe infotext gets
-    the defaults it omitted (an older one with the cache on, the forecast and schedule it ran: :data:`EARLIER_CACHE`);
-    one without ToMe turns ToMe off."""
-    enabled_key = S.spec("enabled").infotext
-    if enabled_key not in params:
-        params[enabled_key] = "False"
-        return
-    if str(params.get(S.spec("cache").infotext)) == "True":
-        forecast = "linear" if CACHE_STEPS_KEY in params else "off"
-        for name, value in {"cache_forecast": forecast, **EARLIER_CACHE}.items():
-            params.setdefault(S.spec(name).infotext, value)
-    for name in S.NAMES:
-        key = S.spec(name).infotext
-        params.setdefault(key, str(getattr(S.DEFAULTS, name)))
-
-
 def paste_fields(components: Iterable[Any]) -> list[tuple[Any, str]]:
     """``(component, infotext key)`` pairs in field order, for ``Script.infotext_fields``."""
     return [(c, S.spec(name).infotext) for c, name in zip(components, S.NAMES)]
@@ -290,7 +179,7 @@ def hints_js() -> str:
     UI has loaded and again after UI updates (a control gradio re-created has lost its title)."""
     hints = {name: S.spec(name).hint for name in S.NAMES}
     return (
-        "// Generated from tome_core/settings.py by `python -m tome_core.extension`; do not edit.\n"
+        "// Generated from tome_core/settings.py by `python -m webui_tome.extension`; do not edit.\n"
         "(function () {\n"
         f"    const hints = {json.dumps(hints, indent=8, ensure_ascii=False)[:-1]}    }};\n"
         "    function addTitles() {\n"
@@ -306,10 +195,6 @@ def hints_js() -> str:
         "    onAfterUiUpdate(addTitles);\n"
         "})();\n"
     )
-
-
-def describe_error(error: Exception) -> str:
-    return str(error) if isinstance(error, SettingsError) else f"ToMe: {type(error).__name__}: {error}"
 
 
 if __name__ == "__main__":  # regenerate javascript/tome.js

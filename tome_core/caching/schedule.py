@@ -17,7 +17,7 @@ outside ``cache_start <= progress < cache_end``; and a stream never goes ``cache
   call); without them it is the uniform schedule.
 * ``adaptive``: a step is also full when the UNet's input has moved away from where the stream expected it by more
   than ``cache_threshold``: the relative L1 distance between the call's input and its forecast from the stream's last
-  full steps (the same forecast the deep features get, :class:`tome_core.forecast.Track`: linear in the sampler's time,
+  full steps (the same forecast the deep features get, :class:`tome_core.caching.forecast.Forecast`: linear in the sampler's time,
   or, with ``cache_forecast`` off, the last full step's input). Where the trajectory bends, the deep features' forecast
   goes wrong with it, so a full step comes sooner; where it runs straight, later. Threshold 0 makes every step full.
   The distance is measured on every 4th latent pixel per side and read back once per cached-step candidate (the one
@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from .forecast import Track
-from .settings import AUTO, ToMeSettings
-from .steps import Call
+from ..settings import AUTO, ToMeSettings
+from ..steps import Call
+from .forecast import Forecast
 
 SUBSAMPLE = 4
 """The signal's stride per side over the latent (1/16 of its pixels)."""
@@ -76,7 +76,7 @@ def uniform_plan(settings: ToMeSettings, steps: int, first: int = 0) -> list[boo
     return out
 
 
-class Refresh:
+class Schedule:
     """One stream's schedule: whether its next call may be cached (see the module)."""
 
     def __init__(self, settings: ToMeSettings) -> None:
@@ -85,7 +85,7 @@ class Refresh:
         self.settings = settings
         self.adaptive = settings.cache_schedule == "adaptive"
         self.timed = settings.cache_schedule == "time"
-        self._inputs = Track(settings.cache_forecast) if self.adaptive else None
+        self._inputs = Forecast(settings.cache_forecast) if self.adaptive else None
         self._start: tuple[float, float] | None = None  # time: the progress and time of the stream's first full step
         self._last_time: float | None = None  # time: the sampler time of its last full step
         self._fulls = 0  # time: the stream's full steps so far
@@ -139,7 +139,7 @@ class Refresh:
         first = round(self._start[0] * steps) if self._start is not None else 0
         return uniform_plan(self.settings, steps, first).count(False)
 
-    def tracks(self) -> tuple[Track, ...]:
+    def forecasts(self) -> tuple[Forecast, ...]:
         """What the schedule holds (the adaptive one: the subsampled inputs of the last full steps)."""
         return () if self._inputs is None else (self._inputs,)
 

@@ -1,5 +1,5 @@
 """Finding the control models of Forge's built-in ControlNet (``extensions-builtin/sd_forge_controlnet``), the
-adapter beside :mod:`tome_core.controlnet` (Mikubill's, for the WebUI).
+adapter beside :mod:`webui_tome.controlnet` (Mikubill's, for the WebUI).
 
 Forge's ControlNet keeps no model on its script: each unit's ``process_before_every_sampling`` puts a copy of
 its control net into a clone of the UNet patcher (``apply_controlnet_advanced`` -> ``add_patched_controlnet``),
@@ -17,7 +17,7 @@ from typing import Any
 
 from torch import nn
 
-from .patch import has_transformer_blocks
+from tome_core import has_transformer_blocks
 
 
 def control_models(sd_model: Any) -> Iterator[nn.Module]:

@@ -12,7 +12,7 @@ one step are numbered, so separate cond and uncond calls each reuse their own pl
 partition is drawn from a generator seeded from the settings' seed, the step's key and the block: the same in every
 process, shared by the cond and uncond calls of one step, never from global RNG state.
 
-:class:`~tome_core.patch.Patch` owns one :class:`Planner` and feeds it each UNet call (:meth:`Planner.begin`).
+:class:`~tome_core.merging.merger.TokenMerger` owns one :class:`Planner` and feeds it each UNet call (:meth:`Planner.begin`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..settings import ToMeSettings
+from ..steps import Call
 from . import merge as tm
-from .settings import ToMeSettings
-from .steps import Call
 
 _MAX_LEVELS = 8
 

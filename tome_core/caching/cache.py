@@ -1,5 +1,5 @@
 """A step cache over a model's blocks: DeepCache (Ma et al., CVPR 2024, arXiv 2312.00858), written from the paper, for
-any model family that lays its blocks out for it (:mod:`tome_core.families`: the UNets, FLUX).
+any model family that lays its blocks out for it (:mod:`tome_core.families`: the UNets and the diffusion transformers).
 
 On every ``cache_interval``-th step the model runs in full and the cache keeps, per stream of calls, the result of
 the blocks a cached step skips (a UNet's deep features, a transformer's residual over its later blocks), as the
@@ -14,7 +14,7 @@ streams unchanged), and the entry gets the cached result in place, next to what 
 Only the skipped modules get an instance-level ``forward`` (their compute must be skipped; restored exactly on
 removal); everything else is hooks.
 
-Schedule and forecast (:mod:`tome_core.schedule`, :mod:`tome_core.forecast`): the first and the last step of a pass
+Schedule and forecast (:mod:`.schedule`, :mod:`.forecast`): the first and the last step of a pass
 are full, and so is any step outside ``cache_start <= progress < cache_end``; inside, a step is cached unless
 ``cache_interval`` steps have passed since the stream's last full step (DeepCache's uniform schedule: full steps at 0,
 N, 2N, …), or N average steps of sampler time (the time schedule), or, with the adaptive schedule, the call's input
@@ -38,11 +38,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .families import Layout, layout_for
-from .forecast import Track
-from .schedule import Refresh, too_short
-from .settings import ToMeSettings
-from .steps import Call
+from ..families import Layout
+from ..report import CacheReport, PassCount
+from ..settings import ToMeSettings
+from ..steps import Call
+from .forecast import Forecast
+from .forwards import Replaced, replace_forward, restore_forwards
+from .schedule import Schedule, too_short
 
 log = logging.getLogger("tome_core")
 
@@ -50,7 +52,7 @@ log = logging.getLogger("tome_core")
 @dataclass
 class _Pass:
     """One pass through the blocks at a full call: what it kept of each skipped module for the cached passes'
-    placeholders (:meth:`Layout.keep`), and whether the skipped range's result reached its track."""
+    placeholders (:meth:`Layout.keep`), and whether the skipped range's result reached its forecast."""
 
     kept: dict[int, Any] = field(default_factory=dict)
     deep: bool = False
@@ -60,37 +62,14 @@ class _Pass:
 class _Stream:
     """One stream of calls: what its last full call left for the cached ones, per pass through the blocks (a call
     may run the blocks more than once: ControlNet's reference-only runs a reference pass before the main one), the
-    deep features' track per pass (kept across full calls, for the forecast) and its schedule."""
+    deep features' forecast per pass (kept across full calls) and its schedule."""
 
     shape: tuple[int, ...] | None  # of its calls' input, without the batch
     batch: int | None
     last_full: int  # step of its last full call
-    refresh: Refresh
+    schedule: Schedule
     passes: list[_Pass] = field(default_factory=list)
-    tracks: list[Track] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class PassCount:
-    """One sampling pass's steps: run in full (any call of the step ran in full), cached (every call cached)."""
-
-    full: int = 0
-    cached: int = 0
-    skipped: int = 0  # steps that ran no UNet block at all (no schedule of this cache skips a whole step)
-
-    def to_dict(self) -> dict[str, int]:
-        return {"full": self.full, "cached": self.cached, "skipped": self.skipped}
-
-
-@dataclass(frozen=True)
-class CacheReport:
-    """How the cache ran since it was applied: calls run in full and cached, the steps of each sampling pass, and why
-    it stepped aside, if it did."""
-
-    full: int = 0
-    cached: int = 0
-    notes: tuple[str, ...] = ()
-    passes: tuple[PassCount, ...] = ()
+    forecasts: list[Forecast] = field(default_factory=list)
 
 
 TWO_TIMES_NOTE = "cache schedule uniform: the sampler calls the UNet at two times a step"
@@ -107,40 +86,14 @@ def _later_time(call: Call) -> bool:
     return float(call.time) != float(call.step_time)
 
 
-_Replaced = tuple[nn.Module, bool, Any, Callable]
-"""An instance-level ``forward`` we put on a module: (module, whether it had one of its own, that one, ours)."""
-
-
-def _replace_forward(module: nn.Module, ours: Callable) -> _Replaced:
-    """Put ``ours`` as ``module``'s instance ``forward``; the record lets :func:`_restore_forwards` undo it exactly."""
-    own = "forward" in module.__dict__
-    record = (module, own, module.__dict__.get("forward"), ours)
-    module.forward = ours
-    return record
-
-
-def _restore_forwards(replaced: list[_Replaced]) -> bool:
-    """Undo :func:`_replace_forward`, last first (an instance ``forward`` only where there was one) and clear the
-    list; a ``forward`` another extension replaced over ours is left to it. Whether every one was still ours."""
-    intact = True
-    for module, own, original, ours in reversed(replaced):
-        if module.__dict__.get("forward") is not ours:
-            intact = False
-        elif own:
-            module.forward = original
-        else:
-            del module.__dict__["forward"]
-    replaced.clear()
-    return intact
-
-
 class StepCache:
-    """The step cache of one model (see the module), on its family's layout (:attr:`layout`; None: a model no family
-    knows, and the cache stands aside with a note). Made and removed by :class:`tome_core.patch.Patch`."""
+    """The step cache of one model (see the module), on its family's layout (:attr:`layout`, found by the session at
+    ``cache_branch``; None: a model no family knows, and the cache stands aside with a note). Made and removed by
+    :class:`tome_core.session.Session`."""
 
-    def __init__(self, root: nn.Module, settings: ToMeSettings):
+    def __init__(self, root: nn.Module, settings: ToMeSettings, layout: Layout | None):
         self.root = root
-        self.layout: Layout | None = layout_for(root, settings.cache_branch)  # SettingsError for a branch it lacks
+        self.layout = layout
         self.settings = settings.resolved(*(self.layout or Layout).auto)  # what ``auto`` means on this model
         self.skipping = False  # the pass through the blocks running now is a cached one
         self._cached_call = False  # the call running now is a cached one
@@ -150,11 +103,11 @@ class StepCache:
         self._time: Any = None  # the sampler time of the call running now
         self._streams: dict[tuple, _Stream] = {}
         self._steps: list[dict[int, bool]] = []  # per sampling pass: step -> whether a call of it ran in full
-        self.refresh: Callable[[ToMeSettings], Refresh] = Refresh
+        self.make_schedule: Callable[[ToMeSettings], Schedule] = Schedule
         """Makes each stream's schedule (a benchmark may put another rule of the same interface here)."""
         self.short_passes = False
         """Whether a transformer's pass too short for a forecast is cached too (a benchmark's measurement of it)."""
-        self._originals: list[_Replaced] = []
+        self._originals: list[Replaced] = []
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._full = self._cached = 0
         self._notes: list[str] = []
@@ -200,7 +153,7 @@ class StepCache:
                     self._pass.kept[index] = kept
             return out
 
-        self._originals.append(_replace_forward(module, forward))
+        self._originals.append(replace_forward(module, forward))
 
     def remove(self) -> None:
         """Restore every wrapped layer's ``forward`` exactly (an instance attribute only if it had one) and remove the
@@ -210,7 +163,7 @@ class StepCache:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        if not _restore_forwards(self._originals):
+        if not restore_forwards(self._originals):
             log.warning("ToMe: a UNet block's forward was replaced over the step cache's; left as it is")
 
     # --- per call ---------------------------------------------------------------------------------------
@@ -245,14 +198,14 @@ class StepCache:
         same = stream is not None and stream.shape == call.shape and stream.batch == call.batch
         fits = same and bool(stream.passes) and all(self._complete(p) for p in stream.passes)
         since_full = call.step - stream.last_full if stream is not None else 0
-        if fits and stream.refresh.may_cache(call, since_full, x, timed=not self._two_times):
+        if fits and stream.schedule.may_cache(call, since_full, x, timed=not self._two_times):
             self._begin_call(stream, cached=True)
             self._cached += 1
             self._count(call, full=False)
             return
-        refresh, tracks = (stream.refresh, stream.tracks) if same else (self.refresh(self.settings), [])
-        self._streams[key] = stream = _Stream(call.shape, call.batch, call.step, refresh, tracks=tracks)
-        refresh.full(call, x)
+        schedule, forecasts = (stream.schedule, stream.forecasts) if same else (self.make_schedule(self.settings), [])
+        self._streams[key] = stream = _Stream(call.shape, call.batch, call.step, schedule, forecasts=forecasts)
+        schedule.full(call, x)
         self._begin_call(stream, cached=False)
         self._full += 1
         self._count(call, full=True)
@@ -290,8 +243,8 @@ class StepCache:
         else:
             self._pass = _Pass()
             stream.passes.append(self._pass)
-            while len(stream.tracks) < len(stream.passes):
-                stream.tracks.append(Track(self.settings.cache_forecast))
+            while len(stream.forecasts) < len(stream.passes):
+                stream.forecasts.append(Forecast(self.settings.cache_forecast))
             self.skipping = False
 
     def _intact(self) -> bool:
@@ -303,20 +256,20 @@ class StepCache:
 
     def _entry_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         """The entry of a cached pass: the cached result in place (:meth:`Layout.inject`). In a full pass: keep the
-        skipped range's result (:meth:`Layout.features`) on the stream's track."""
+        skipped range's result (:meth:`Layout.features`) on the stream's forecast."""
         record, layout = self._pass, self.layout
         if record is None or layout is None:
             return None
-        track = self._stream.tracks[self._passes - 1] if self._stream is not None else None
+        forecast = self._stream.forecasts[self._passes - 1] if self._stream is not None else None
         if not self.skipping:
-            if not self._cached_call and track is not None:
+            if not self._cached_call and forecast is not None:
                 found = layout.features(args, kwargs, record.kept)
                 if found is not None:
-                    track.add(self._time, *found)
+                    forecast.add(self._time, *found)
                     record.deep = True
             return None
-        assert track is not None  # a skipped pass had a complete full one
-        deep = track.predict(self._time, layout.probe(args, kwargs, record.kept))
+        assert forecast is not None  # a skipped pass had a complete full one
+        deep = forecast.predict(self._time, layout.probe(args, kwargs, record.kept))
         assert deep is not None
         out = layout.inject(args, kwargs, record.kept, deep)
         if out is None:
@@ -332,12 +285,12 @@ class StepCache:
     def cached_features(self) -> list[torch.Tensor]:
         """The deep features held now, one per stream and pass (the last full step's: what cached passes feed their
         first output block, or forecast from)."""
-        return [t.deep for s in self._streams.values() for t in s.tracks if t.deep is not None]
+        return [t.deep for s in self._streams.values() for t in s.forecasts if t.deep is not None]
 
     def cached_bytes(self) -> int:
         """Bytes the cache holds now: the deep features of every stream and pass and, for the linear forecast, their
         slopes; the adaptive schedule's subsampled inputs."""
-        return sum(t.nbytes() for s in self._streams.values() for t in (*s.tracks, *s.refresh.tracks()))
+        return sum(t.nbytes() for s in self._streams.values() for t in (*s.forecasts, *s.schedule.forecasts()))
 
     def _note(self, text: str) -> None:
         if text not in self._notes:
@@ -347,63 +300,3 @@ class StepCache:
         if kind not in self._warned:
             self._warned.add(kind)
             log.warning(message)
-
-
-class ControlFollower:
-    """Shortens a ControlNet model's forward on the UNet's cached calls, where the control model runs inside the UNet's
-    call (Mikubill's sd-webui-controlnet computes its residuals in its own UNet loop, after the call has been placed).
-
-    A cached UNet call reads only the residuals of the skip branches it runs (``0 … b``): the control model's input
-    blocks beyond ``b``, their zero convolutions, its middle block and middle-block output then return zeros of the
-    shape they return for that input (recorded at full calls) instead of computing values nobody reads, so the UNet's
-    output is bit-identical and the control model costs a few percent of itself. Anything not laid out so, or an input
-    never seen at a full call, runs as it is."""
-
-    def __init__(self, root: nn.Module, leader: StepCache):
-        self.root, self.leader = root, leader
-        inputs, zeros = getattr(root, "input_blocks", None), getattr(root, "zero_convs", None)
-        middle, middle_out = getattr(root, "middle_block", None), getattr(root, "middle_block_out", None)
-        self.usable = (
-            leader.usable
-            and isinstance(inputs, nn.ModuleList)
-            and isinstance(zeros, nn.ModuleList)
-            and len(inputs) == len(zeros)
-            and isinstance(middle, nn.Module)
-            and isinstance(middle_out, nn.Module)
-            and leader.settings.cache_branch < len(inputs)
-        )
-        b = leader.settings.cache_branch
-        self.skipped: list[nn.Module] = [*inputs[b + 1 :], *zeros[b + 1 :], middle, middle_out] if self.usable else []
-        self._shapes: dict[tuple, tuple[torch.Size, torch.dtype, torch.device]] = {}
-        self._originals: list[_Replaced] = []
-        self.shortened = 0  # module calls answered with zeros
-
-    def install(self) -> None:
-        try:
-            for i, module in enumerate(self.skipped):
-                self._wrap(i, module)
-        except BaseException:
-            self.remove()
-            raise
-
-    def _wrap(self, index: int, module: nn.Module) -> None:
-        original = module.forward
-
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            x = args[0] if args else kwargs.get("x")
-            key = (index, tuple(x.shape)) if isinstance(x, torch.Tensor) else None
-            if key is not None and self.leader.cached_now and key in self._shapes:
-                self.shortened += 1
-                shape, dtype, device = self._shapes[key]
-                return torch.zeros(shape, dtype=dtype, device=device)
-            out = original(*args, **kwargs)
-            if key is not None and not self.leader.cached_now and isinstance(out, torch.Tensor):
-                self._shapes[key] = (out.shape, out.dtype, out.device)
-            return out
-
-        self._originals.append(_replace_forward(module, forward))
-
-    def remove(self) -> None:
-        """Restore every wrapped module's ``forward`` exactly (see :meth:`StepCache.remove`)."""
-        _restore_forwards(self._originals)
-        self._shapes.clear()

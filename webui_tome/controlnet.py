@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from .patch import has_transformer_blocks
+from tome_core import has_transformer_blocks
 
 NOTE_UNEXPECTED = "ControlNet internals not recognised: merging in the UNet only"
 

@@ -1,7 +1,7 @@
 """What a cached step takes for the deep features: those of the stream's last full step (DeepCache), or their forecast
 from the last two full steps (``cache_forecast``).
 
-A :class:`Track` follows one stream's deep features across its full steps, each with the sampler time of its call (the
+A :class:`Forecast` follows one stream's deep features across its full steps, each with the sampler time of its call (the
 UNet's timestep, kept as the tensor it came in, so that nothing is read back from the device) and, where the caller
 has them, the probe: features the cached steps compute live as well (for the UNet, the shallow skip connection into
 the first block a cached step runs again; the module knows only tensors, so any block model's live features serve).
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .settings import AUTO, FORECAST_CHOICES
+from ..settings import AUTO, FORECAST_CHOICES
 
 Time = torch.Tensor | float | None
 """A call's sampler time: its timestep (a 0-d tensor on the UNet's device, or a number); None when unknown."""
@@ -37,7 +37,7 @@ REACH = (0.0, 2.0)
 """The calibrated forecast's bounds on ``a`` (a cached step lies at most two intervals past the last full one)."""
 
 
-class Track:
+class Forecast:
     """One stream's deep features over its full steps, and their forecast at a cached step (see the module)."""
 
     def __init__(self, forecast: str) -> None:

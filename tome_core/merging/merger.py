@@ -1,11 +1,10 @@
-"""Patching a UNet (ldm, sgm, or anything with the same transformer-block layout) with token merging.
+"""Token merging, one of the session's two capabilities: hooks on a UNet's transformer blocks (ldm, sgm, or anything
+with the same block layout: :func:`tome_core.families.transformer_blocks`).
 
-The patch is made only of PyTorch hooks, so the module tree, the classes and ``state_dict()`` stay as
-they are and other extensions that address modules by name (LoRA) or replace a block's ``_forward``
-on the instance (ControlNet's reference-only) keep working:
+The capability is made only of PyTorch hooks, so the module tree, the classes and ``state_dict()`` stay as they are
+and other extensions that address modules by name (LoRA) or replace a block's ``_forward`` on the instance
+(ControlNet's reference-only) keep working:
 
-* a forward pre-hook on the root records the latent size of each UNet call and places it in the
-  sampling (from the reported progress, else the timestep: see :meth:`Patch._root_pre`);
 * a forward pre/post-hook pair on each module holding transformer blocks (ldm/sgm/Forge ``SpatialTransformer``)
   records the ``h x w`` grid of its 4-D input while it runs: the token grid of its blocks, read from the live
   input, so that features resized inside the UNet (Kohya's HRFix / Deep Shrink) are merged as the grid they are;
@@ -19,104 +18,42 @@ on the instance (ControlNet's reference-only) keep working:
   (``method="downsample"``, ToDo). When keys/values reach ``attn1`` as ``context=``/``value=`` (a Forge
   ``attn1_patch`` sets both to the block's ``n``): the very input tensor is merged (or downsampled) with
   it, as if they had not been given; other full-length ones leave only the queries merged (ToDo: nothing),
-  which :meth:`Patch.report` counts.
+  which :meth:`TokenMerger.report` counts.
 
-Step schedule: the patch is active while ``start <= progress < end`` (``end == 1`` includes the last
-step). ``progress`` is what the caller reports through :meth:`Patch.set_progress` (the WebUI script:
-step index / steps of the sampling pass, see ``extension.sampling_position``; the hires pass restarts
-at 0); when nothing was reported it is derived from the UNet call's timestep as ``1 - t / 1000`` (a
-1000-step DDPM schedule). An inactive call touches nothing, so it is bit-identical to the unpatched model.
+Step schedule: merging is active while ``start <= progress < end`` (``end == 1`` includes the last step), the
+progress of the call as the session placed it (:class:`~tome_core.steps.StepClock`). An inactive call touches
+nothing, so it is bit-identical to the unpatched model.
 
 Merge plans, and the level and token grid of a block's tokens they are made on, come from
-:class:`~tome_core.planning.Planner` (plan reuse, random partitions from the seed).
+:class:`~tome_core.merging.planning.Planner` (plan reuse, random partitions from the seed).
 
-Another extension that takes an attention layer over (:mod:`tome_core.neighbours`: Hypertile's tiling, Mikubill's
+Another extension that takes an attention layer over (:mod:`.neighbours`: Hypertile's tiling, Mikubill's
 ControlNet-LLLite, a module that is no attention any more) gets that layer's input as it is, per call, and the
 report says where. A block whose ``attn1``/``attn2``/``ff`` was swapped for another module since the patch was
 applied (Forge's object patches, applied when sampling starts and taken off at the next model load) gets the hooks
 moved to the module it holds now, at its next call.
-
-With ``cache`` on (and ``cache_interval`` above 1) the patch also carries a step cache (:mod:`tome_core.cache`,
-DeepCache), placed per call by the same :class:`~tome_core.steps.StepClock`; both are applied and removed together.
-Token merging then acts on full steps and on the shallow path that cached steps still run.
-
-Where the patch cannot act, :meth:`Patch.report` says so: a module without transformer blocks (Forge's Flux,
-SD3, Chroma: patched with no hooks at all), blocks whose ``attn1`` never ran (replaced through Forge's
-``patches_replace``), ``attn1`` calls reduced to query merging or left without ToDo, blocks that did not fit.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..families import block_holders
+from ..report import MergeReport
+from ..settings import ToMeSettings
+from ..steps import Call
 from . import merge as tm
 from . import neighbours
-from .cache import ControlFollower, StepCache
-from .families import is_transformer
 from .planning import Planner
-from .report import MergeReport
-from .settings import ToMeSettings
-from .steps import StepClock, unet_input
 
 log = logging.getLogger("tome_core")
 
-_ATTR = "_tome_core_patch"  # our only attribute on the root module; tomesd's remove_patch ignores it
 _TARGETS = (("attn1", "merge_attn"), ("attn2", "merge_crossattn"), ("ff", "merge_mlp"))
-
-
-def _attr(obj: Any, path: str) -> Any:
-    """``obj.a.b.c`` for ``path="a.b.c"``, or None if any step is missing or fails."""
-    for name in path.split("."):
-        try:
-            obj = getattr(obj, name, None)
-        except Exception:  # a property that raises (a model half loaded): nothing there
-            return None
-        if obj is None:
-            return None
-    return obj
-
-
-_UNET_PATHS = (
-    "forge_objects.unet.model.diffusion_model",  # Forge: ForgeDiffusionEngine (a plain object) -> UnetPatcher -> KModel
-    "model.diffusion_model",  # A1111 / Forge Classic LatentDiffusion, sgm DiffusionEngine; Forge's UnetPatcher
-    "diffusion_model",  # Forge's KModel, ldm's DiffusionWrapper
-)
-
-
-def find_unet(model: Any) -> nn.Module | None:
-    """The module that really runs, the one to patch and to clean: the first ``nn.Module`` at one of
-    ``forge_objects.unet.model.diffusion_model`` (a Forge engine), ``model.diffusion_model`` (WebUI
-    LatentDiffusion / SDXL DiffusionEngine, Forge Classic, a Forge ``UnetPatcher``), ``diffusion_model``
-    (a Forge ``KModel``, whose own hooks would never fire: Forge calls ``apply_model``), else ``model``
-    itself if it is a module. None when there is no module (Forge's ``FakeInitialModel``, ``None``).
-    Patching, :func:`get_patch` and :func:`remove_patch` all resolve through it."""
-    for path in _UNET_PATHS:
-        inner = _attr(model, path)
-        if isinstance(inner, nn.Module):
-            return inner
-    return model if isinstance(model, nn.Module) else None
-
-
-def is_transformer_block(module: nn.Module) -> bool:
-    """A block laid out like ldm/sgm ``BasicTransformerBlock``: ``norm1, attn1, norm2, attn2, norm3, ff``."""
-    return all(isinstance(getattr(module, name, None), nn.Module) for name in ("norm1", "attn1", "attn2", "ff"))
-
-
-def transformer_blocks(root: nn.Module) -> Iterator[nn.Module]:
-    # nn.Module.modules, not root.modules: another extension's module may shadow it (Mikubill's ControlNet-LLLite
-    # model keeps its modules in a dict named ``modules``, controlnet_lllite.py l.153)
-    return (m for m in nn.Module.modules(root) if is_transformer_block(m))
-
-
-def has_transformer_blocks(root: nn.Module) -> bool:
-    """Whether ToMe has anything to merge in ``root`` (control models without blocks, e.g. adapters, have not)."""
-    return next(transformer_blocks(root), None) is not None
 
 
 @dataclass
@@ -125,7 +62,7 @@ class _BlockCall:
 
     block: nn.Module
     x: torch.Tensor
-    ordinal: int  # the block's index in ``Patch.blocks``: its plan slot and partition key
+    ordinal: int  # the block's index in ``TokenMerger.blocks``: its plan slot and partition key
     grid: tuple[int, int] | None = None  # the live h x w of its SpatialTransformer's input, when known
     plan: tm.MergePlan | None = None
     planned: bool = False
@@ -134,9 +71,8 @@ class _BlockCall:
 
 @dataclass
 class _Shortfalls:
-    """The sets behind :class:`MergeReport`: indices into ``Patch.blocks``."""
+    """The sets behind :class:`MergeReport`: indices into ``TokenMerger.blocks``."""
 
-    forwards: int = 0
     attn1_skipped: set[int] = field(default_factory=set)
     query_only: set[int] = field(default_factory=set)
     todo_off: set[int] = field(default_factory=set)
@@ -147,81 +83,40 @@ class _Shortfalls:
 _LAYERS = {"attn1": "self-attention", "attn2": "cross-attention", "ff": "MLP"}
 
 
-class Patch:
-    """The token-merging patch of one root module. Create through :func:`apply_patch`."""
+class TokenMerger:
+    """Token merging on the transformer ``blocks`` of one model (see the module). Made and removed by
+    :class:`tome_core.session.Session`, which places each call (:meth:`begin`)."""
 
-    def __init__(
-        self, root: nn.Module, settings: ToMeSettings, leader: StepCache | None = None, name: str | None = None
-    ):
+    def __init__(self, root: nn.Module, settings: ToMeSettings, blocks: list[nn.Module]):
         self.root = root
-        self.name = name or type(root).__name__  # what the report's notes call the model
         self.settings = settings
-        self.clock = StepClock()
-        self.active = True  # whether the current UNet call is inside the step schedule
+        self.blocks = blocks
+        self.active = True  # whether the current call is inside the step schedule
         self.current: _BlockCall | None = None
         self._active: dict[int, tm.MergePlan] = {}
         self._warned: set[str] = set()
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._subs: dict[tuple[int, str], tuple[nn.Module, list[torch.utils.hooks.RemovableHandle]]] = {}
-        self.blocks = list(transformer_blocks(root))
         self._index = {id(block): i for i, block in enumerate(self.blocks)}
         self._holder: dict[int, int] = {}  # block -> the module holding it (its SpatialTransformer)
         self._grids: dict[int, tuple[int, int]] = {}  # holder -> h x w of its input while it runs
         self._shortfalls = _Shortfalls()
         self._plans_in_block_pre = settings.method == "merge" and (settings.merge_crossattn or settings.merge_mlp)
         self.planner = Planner(root, settings, self._unfit)
-        self.cache = StepCache(root, settings) if settings.caches else None  # SettingsError before any hook
-        # a model with no UNet transformer blocks that a family knows as a diffusion transformer (the report's note)
-        self.transformer = not self.blocks and is_transformer(root)
-        self.follower = ControlFollower(root, leader) if leader is not None else None  # a control model's
-        self._install()
-
-    @property
-    def progress(self) -> float | None:
-        """The sampling progress last reported (:meth:`set_progress`), or None."""
-        return self.clock.progress
-
-    def set_progress(self, fraction: float | None, steps: int | None = None) -> None:
-        """Report sampling progress (0 at the first step, 1 at the end; ``None`` when unknown) and, if known, the
-        pass's number of steps.
-
-        A sampling pass reports its steps in order; a smaller value starts a new pass (hires fix, the
-        next generation), which also drops the plans kept for reuse."""
-        self.clock.set_progress(fraction, steps)
-
-    def _in_schedule(self, progress: float | None) -> bool:
-        s = self.settings
-        if progress is None:
-            return True
-        return s.start <= progress and (progress < s.end or s.end >= 1.0)
 
     # --- hooks ------------------------------------------------------------------------------------
-    def _install(self) -> None:
-        """Register every hook (and the step cache), or none: a failure part-way removes those already registered.
-        The blocks get token merging's hooks only where it has something to do (:attr:`ToMeSettings.merges`); the
-        root's hook counts the forwards either way. :meth:`report` says where there was nothing to merge."""
-        merges = bool(self.blocks) and self.settings.merges
-        if self.follower is not None and self.follower.usable:
-            self.follower.install()
-        if not self.blocks and self.cache is None:
-            return
-        try:
-            self._handles.append(self.root.register_forward_pre_hook(self._root_pre, with_kwargs=True))
-            for holder in _block_holders(self.root, self._index) if merges else ():
-                for block in holder.transformer_blocks:
-                    self._holder[id(block)] = id(holder)
-                self._handles.append(holder.register_forward_pre_hook(self._holder_pre, with_kwargs=True))
-                self._handles.append(holder.register_forward_hook(self._holder_post))
-            for block in self.blocks if merges else ():
-                self._handles.append(block.register_forward_pre_hook(self._block_pre, with_kwargs=True))
-                self._handles.append(block.register_forward_hook(self._block_post))
-                for name, _flag in _TARGETS:
-                    self._hook_sub(block, name, getattr(block, name))
-            if self.cache is not None:
-                self.cache.install()
-        except BaseException:
-            self.remove()
-            raise
+    def install(self) -> None:
+        """Register every hook; the caller removes them all (:meth:`remove`) if one fails."""
+        for holder in block_holders(self.root, self._index):
+            for block in holder.transformer_blocks:
+                self._holder[id(block)] = id(holder)
+            self._handles.append(holder.register_forward_pre_hook(self._holder_pre, with_kwargs=True))
+            self._handles.append(holder.register_forward_hook(self._holder_post))
+        for block in self.blocks:
+            self._handles.append(block.register_forward_pre_hook(self._block_pre, with_kwargs=True))
+            self._handles.append(block.register_forward_hook(self._block_post))
+            for name, _flag in _TARGETS:
+                self._hook_sub(block, name, getattr(block, name))
 
     def _hook_sub(self, block: nn.Module, name: str, sub: nn.Module) -> None:
         """Hook ``block``'s ``name`` (``attn1``/``attn2``/``ff``): a merge pre-hook and an unmerge post-hook."""
@@ -253,45 +148,31 @@ class Patch:
             handle.remove()
         self._handles.clear()
         self._subs.clear()
-        if self.cache is not None:
-            self.cache.remove()
-        if self.follower is not None:
-            self.follower.remove()
         self.current = None
         self._active.clear()
         self._grids.clear()
-        if self.root.__dict__.get(_ATTR) is self:
-            del self.root.__dict__[_ATTR]
 
-    def _root_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        """Start of a UNet call: place it in the sampling (:class:`~tome_core.steps.StepClock`: latent size, step,
-        the call's number within its step) and set the schedule and the key of its random partitions.
-
-        With progress reported (:meth:`set_progress`, as the WebUI script does every step) all of that
-        comes from the reported value and the call reads nothing back from the device: no host
-        synchronisation. Without it, the timestep is read as a Python number (one device-to-host read
-        per call) when a setting needs it: ``use_rand``, plan reuse, or a step schedule other than 0–1.
-        Either key is shared by the cond and uncond calls of one step and is the same in every process.
-        """
-        self._shortfalls.forwards += 1
-        layout = self.cache.layout if self.cache is not None else None
-        x, timesteps = (layout.place if layout is not None else unet_input)(module, args, kwargs)
-        call = self.clock.begin(x, timesteps, kwargs, read_timestep=self._needs_timestep)
+    def begin(self, call: Call) -> None:
+        """A call of the model starts (placed by the session): the step schedule, and the planner's latent size and
+        partition key."""
         self.current = None
         self._active.clear()
         self._grids.clear()
         self.active = self._in_schedule(call.progress)
         self.planner.begin(call)
-        if self.cache is not None:
-            self.cache.begin(call, x)
+
+    def _in_schedule(self, progress: float | None) -> bool:
+        s = self.settings
+        if progress is None:
+            return True
+        return s.start <= progress and (progress < s.end or s.end >= 1.0)
 
     @property
-    def _needs_timestep(self) -> bool:
-        """Whether a call without reported progress has to read its timestep (never when nothing merges or caches)."""
+    def needs_timestep(self) -> bool:
+        """Whether a call without reported progress has to read its timestep: for the random partition's key, plan
+        reuse, or a step schedule other than 0–1."""
         s = self.settings
-        if s.caches:
-            return True
-        return s.merges and (s.use_rand or self.planner.reuses or s.start > 0 or s.end < 1)
+        return s.use_rand or self.planner.reuses or s.start > 0 or s.end < 1
 
     def _holder_pre(self, holder: nn.Module, args: tuple, kwargs: dict) -> None:
         """A SpatialTransformer starts: the grid of its 4-D input is its blocks' token grid for this call."""
@@ -443,66 +324,23 @@ class Patch:
 
     # --- what was not merged ----------------------------------------------------------------------
     def report(self) -> MergeReport:
-        """What could not be merged since the patch was applied or :meth:`reset_report` (see
-        :class:`MergeReport`; its ``notes`` are the phrases a host shows). Never raises."""
+        """What could not be merged since the capability was applied or :meth:`reset_report` (see
+        :class:`MergeReport`). Never raises."""
         f = self._shortfalls
         return MergeReport(
             blocks=len(self.blocks),
-            forwards=f.forwards,
             attn1_skipped=len(f.attn1_skipped),
             query_only=len(f.query_only),
             todo_off=len(f.todo_off),
             unfit=len(f.unfit),
             aside=tuple((layer, reason, len(blocks)) for (layer, reason), blocks in f.aside.items()),
-            cache=None if self.cache is None else self.cache.report(),
-            model=self.name,
-            merging=self.settings.merges,
-            transformer=self.transformer,
         )
 
     def reset_report(self) -> None:
-        """Start counting afresh (e.g. at the start of each sampling pass)."""
+        """Start counting afresh."""
         self._shortfalls = _Shortfalls()
 
     def _warn_once(self, kind: str, message: str) -> None:
         if kind not in self._warned:
             self._warned.add(kind)
             log.warning(message)
-
-
-def _block_holders(root: nn.Module, index: Mapping[int, int]) -> Iterator[nn.Module]:
-    """The modules whose ``transformer_blocks`` list holds blocks of ``index`` (ldm/sgm/Forge SpatialTransformer)."""
-    for module in nn.Module.modules(root):  # as in transformer_blocks
-        inner = getattr(module, "transformer_blocks", None)
-        if isinstance(inner, nn.ModuleList) and any(id(block) in index for block in inner):
-            yield module
-
-
-def get_patch(model: Any) -> Patch | None:
-    """The patch on ``model`` (or on the UNet :func:`find_unet` resolves), if any."""
-    root = find_unet(model)
-    return None if root is None else root.__dict__.get(_ATTR)
-
-
-def apply_settings(model: Any, settings: ToMeSettings, leader: StepCache | None = None) -> Patch:
-    """Patch the UNet :func:`find_unet` resolves with validated settings, replacing (never stacking on) a
-    patch already there. A model without transformer blocks gets a patch that merges nothing and says so
-    (:meth:`Patch.report`, whose notes name the class of ``model``: Forge's engine ``Flux``); ``TypeError`` (nothing
-    patched) when there is no module at all. ``leader``: for a ControlNet model that runs inside the UNet's call, the
-    UNet's step cache, whose cached calls then shorten the control model's forward
-    (:class:`~tome_core.cache.ControlFollower`)."""
-    root = find_unet(model)
-    if root is None:
-        raise TypeError(f"ToMe: no UNet module in {type(model).__name__}")
-    remove_patch(root)
-    patch = Patch(root, settings, leader, type(model).__name__)
-    root.__dict__[_ATTR] = patch
-    return patch
-
-
-def remove_patch(model: Any) -> Any:
-    """Remove our patch from ``model`` (or the UNet it holds); a no-op if it has none. Returns ``model``."""
-    patch = get_patch(model)
-    if patch is not None:
-        patch.remove()
-    return model
