@@ -1,5 +1,5 @@
-"""The README and docs/ stay true: the two set-up commands, the API order, the controls tables, the code example and
-the tables copied from RESULTS.md."""
+"""The README and docs/ stay true: the two set-up commands, the API order, the controls tables, the code example, the
+tables copied from RESULTS.md, the README's length, its figures' sources and every relative link."""
 
 from __future__ import annotations
 
@@ -189,3 +189,96 @@ def test_the_sampler_table_is_the_samplers_benchmarks_last_run():
     from benchmarks.sampler import LABELS
 
     assert {row.split(", N=")[0] for row in rows} == set(LABELS.values())
+
+
+# --- the README is short, its figures have a source, and every relative link resolves -------------------------
+
+
+def test_the_readme_is_at_most_250_lines():
+    assert len(README.splitlines()) <= 250
+
+
+def _without_code(text: str) -> str:
+    """``text`` with its fenced code blocks blanked (a ``# comment`` there is no heading, a ``](x)`` no link)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped (``-`` and ``_`` kept), spaces to ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _headings(text: str) -> list[tuple[int, str, int]]:
+    """(level, anchor, offset) of each heading outside code, duplicates numbered as GitHub numbers them."""
+    seen: dict[str, int] = {}
+    found = []
+    for match in re.finditer(r"^(#{1,6}) (.+)$", _without_code(text), re.M):
+        anchor = _slug(match.group(2))
+        count = seen.get(anchor, 0)
+        seen[anchor] = count + 1
+        found.append((len(match.group(1)), anchor if count == 0 else f"{anchor}-{count}", match.start()))
+    return found
+
+
+def _links(text: str) -> list[str]:
+    return re.findall(r"\]\(([^)\s]+)\)", _without_code(text))
+
+
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def _resolve(page: Path, target: str) -> tuple[Path, str]:
+    path, _, anchor = target.partition("#")
+    return (page if not path else (page.parent / path).resolve()), anchor
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_relative_link_and_anchor_resolves(page):
+    """Each relative link, image and ``#anchor`` (into a markdown file of this repository) of README.md and docs/*.md
+    points at a file or folder that exists and, for an anchor, at a heading that file has."""
+    links = [t for t in _links(page.read_text(encoding="utf-8")) if not re.match(r"[a-z]+:", t)]
+    assert links
+    for target in links:
+        path, anchor = _resolve(page, target)
+        assert path.exists(), f"{page.name}: {target}"
+        if anchor:
+            assert path.suffix == ".md", f"{page.name}: {target}"
+            anchors = {a for _, a, _ in _headings(path.read_text(encoding="utf-8"))}
+            assert anchor in anchors, f"{page.name}: {target}"
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    linked = {_resolve(ROOT / "README.md", t)[0] for t in _links(README)}
+    assert {page.resolve() for page in PAGES[1:]} <= linked
+
+
+def _linked_section(page: Path, target: str) -> str:
+    """The text a link points at: a heading's section (to the next heading of its level or above), else the file."""
+    path, anchor = _resolve(page, target)
+    text = path.read_text(encoding="utf-8")
+    if not anchor:
+        return text
+    headings = _headings(text)
+    level, start = next((lvl, off) for lvl, a, off in headings if a == anchor)
+    end = next((off for lvl, _, off in headings if off > start and lvl <= level), len(text))
+    return text[start:end]
+
+
+WHAT_TO_SET = _part(README, "## What to set")
+
+
+def test_every_figure_in_what_to_set_is_in_the_section_its_row_links_to():
+    """Each row of the README's "What to set" tables names where its numbers come from, and they are there: every
+    speed-up (``2.05×``) and PSNR (``37.1 dB``) of the row occurs in the docs section (or sections) it links to."""
+    rows = [line for line in WHAT_TO_SET.splitlines() if line.startswith("|") and not line.startswith("|---")]
+    body = [row for row in rows if not row.startswith("| you want |")]
+    assert len(body) >= 15
+    figures_checked = 0
+    for row in body:
+        targets = [t for t in _links(row) if not re.match(r"[a-z]+:", t)]
+        assert targets, row
+        source = "\n".join(_linked_section(ROOT / "README.md", t) for t in targets)
+        for figure in re.findall(r"(\d+\.\d+)(?=×| dB)", row):
+            assert re.search(rf"(?<![\d.]){re.escape(figure)}(?![\d])", source), (figure, row)
+            figures_checked += 1
+    assert figures_checked >= 30
