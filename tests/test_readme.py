@@ -1,4 +1,5 @@
-"""The README stays true: its two set-up commands, the API order, the controls table and the code example."""
+"""The README and docs/ stay true: the two set-up commands, the API order, the controls tables, the code example, the
+tables copied from RESULTS.md, the README's length, its figures' sources and every relative link."""
 
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ from tome_core import settings as S
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+DOCS = ROOT / "docs"
+
+
+def _doc(name: str) -> str:
+    return (DOCS / name).read_text(encoding="utf-8")
+
+
+def _part(text: str, heading: str) -> str:
+    """``text`` from ``heading`` (a ``## `` line) to the next ``## `` heading."""
+    return text[text.index(heading) :].split("\n## ", 1)[0]
 
 
 def test_first_lines_are_the_two_setup_commands_and_ci_runs_the_test_one():
@@ -24,22 +35,31 @@ def test_first_lines_are_the_two_setup_commands_and_ci_runs_the_test_one():
     assert "bash .ci/setup" in ci and ".venv/bin/python -m pytest -q" in ci
 
 
-def test_api_order_and_controls_table_match_the_settings_record():
-    assert ", ".join(S.NAMES) in " ".join(README.split())
-    table = README[README.index("| control | API name |") : README.index("Bad values never patch")]
+def _api_names(table: str) -> list[str]:
     api_column = [row.split("|")[2] for row in table.splitlines()[2:] if row.startswith("|")]
-    named = [name for cell in api_column for name in re.findall(r"`([a-z_]+)`", cell)]
-    assert sorted(set(named)) == sorted(S.NAMES)
+    return [name for cell in api_column for name in re.findall(r"`([a-z_]+)`", cell)]
+
+
+def test_api_order_and_controls_tables_match_the_settings_record():
+    api = _doc("api.md")
+    assert ", ".join(S.NAMES) in " ".join(_part(api, "## HTTP API").split())
+    # the README's short table, and the full one with the ranges in docs/api.md: every setting, nothing else
+    short = README[README.index("| control | API name |") : README.index("Bad values never patch")]
+    full = api[api.index("| control | API name |") : api.index("Bad values never patch")]
+    for table in (short, full):
+        assert sorted(set(_api_names(table))) == sorted(S.NAMES)
+    assert "| default | range |" in full.splitlines()[0]
 
 
 def test_core_example_runs():
-    code = README[README.index("```python\nimport torch\nimport tome_core") + len("```python\n") :]
+    text = _doc("python-api.md")
+    code = text[text.index("```python\nimport torch\nimport tome_core") + len("```python\n") :]
     code = code[: code.index("```")]
     # the same code at test size: narrower and smaller latents
     code = code.replace("model_channels=320", "model_channels=32").replace("context_dim=768", "context_dim=64")
     code = code.replace("128, 128", "16, 16").replace("77, 768", "7, 64").replace("num_heads=8", "num_heads=4")
     scope: dict = {}
-    exec(compile(code, "README.md", "exec"), scope)
+    exec(compile(code, "docs/python-api.md", "exec"), scope)
     assert scope["eps"].shape == (2, 4, 16, 16)
     assert scope["tome_core"].get_patch(scope["unet"]) is None
 
@@ -59,18 +79,18 @@ def _section(text: str, name: str) -> str:
     return text.split(f"<!-- {name}:begin -->", 1)[1].split(f"<!-- {name}:end -->", 1)[0]
 
 
-# README table header -> the RESULTS.md section (one benchmark's last run) it is copied from
+# docs/speed.md table header -> the RESULTS.md section (one benchmark's last run) it is copied from
 TABLES = {
     "| real width: model, size |": "real-cpu",  # python -m benchmarks.suite --real
     "| step cache: model, size |": "cache",  # python -m benchmarks.cache (derived 20-step speed-ups, real width)
     "| model, size |": "suite",  # python -m benchmarks.suite (reduced widths: the shape of the curve)
     "| sampling: size |": "sampling",  # python -m benchmarks.sampling
 }
-SPEEDUP_SECTION = README[README.index("## What speed-up to expect") :].split("\n## ", 1)[0]
+SPEEDUP_SECTION = _part(_doc("speed.md"), "## What speed-up to expect")
 
 
 def _assert_copied(readme_section: str, header: str, results_section: str) -> None:
-    """The README table at ``header`` is rows and columns of the one in RESULTS.md's ``results_section``, unchanged."""
+    """The docs table at ``header`` is rows and columns of the one in RESULTS.md's ``results_section``, unchanged."""
     results = _section((ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8"), results_section)
     columns, measured = _table(results, header)
     readme_columns, readme = _table(readme_section, header)
@@ -99,7 +119,7 @@ def test_real_widths_lead_and_every_speedup_shown_was_measured():
     assert shown <= measured | published, shown - measured - published
 
 
-QUALITY_SECTION = README[README.index("## Quality") :].split("\n## ", 1)[0]
+QUALITY_SECTION = _part(_doc("quality.md"), "## Quality")
 QUALITY_TABLES = (
     "| quality: mode |",
     "| quality, DPM++ 2M Karras: mode |",
@@ -110,19 +130,19 @@ QUALITY_TABLES = (
 
 @pytest.mark.parametrize("header", QUALITY_TABLES)
 def test_quality_tables_are_the_fidelity_benchmarks_last_run(header):
-    """The README's quality figures are the trained models' (``python -m benchmarks.fidelity``), copied unchanged."""
+    """docs/quality.md's figures are the trained models' (``python -m benchmarks.fidelity``), copied unchanged."""
     _assert_copied(QUALITY_SECTION, header, "fidelity")
 
 
-COMFY_SECTION = README[README.index("## ComfyUI") :].split("\n## ", 1)[0]
+COMFY_SECTION = _part(_doc("hosts.md"), "## ComfyUI")
 
 
 def test_the_comfy_speed_table_is_the_comfy_benchmarks_last_run():
-    """The real ComfyUI's numbers in the README (``python -m benchmarks.comfy``), copied unchanged."""
+    """The real ComfyUI's numbers in docs/hosts.md (``python -m benchmarks.comfy``), copied unchanged."""
     _assert_copied(COMFY_SECTION, "| ComfyUI (CPU): model, size |", "comfy-cpu")
 
 
-NEIGHBOURS_SECTION = README[README.index("## With other extensions") :].split("\n## ", 1)[0]
+NEIGHBOURS_SECTION = _part(_doc("compatibility.md"), "## With other extensions")
 
 
 def _tests_named(cell: str) -> dict[str, list[str]]:
@@ -159,7 +179,7 @@ def test_every_row_of_the_extensions_table_names_tests_that_exist_and_every_neig
     assert neighbours - covered == set()
 
 
-STEP_CACHE_SECTION = README[README.index("## Step cache") :].split("\n## ", 1)[0]
+STEP_CACHE_SECTION = _part(_doc("step-cache.md"), "## Step cache")
 
 
 def test_the_sampler_table_is_the_samplers_benchmarks_last_run():
@@ -169,3 +189,96 @@ def test_the_sampler_table_is_the_samplers_benchmarks_last_run():
     from benchmarks.sampler import LABELS
 
     assert {row.split(", N=")[0] for row in rows} == set(LABELS.values())
+
+
+# --- the README is short, its figures have a source, and every relative link resolves -------------------------
+
+
+def test_the_readme_is_at_most_250_lines():
+    assert len(README.splitlines()) <= 250
+
+
+def _without_code(text: str) -> str:
+    """``text`` with its fenced code blocks blanked (a ``# comment`` there is no heading, a ``](x)`` no link)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped (``-`` and ``_`` kept), spaces to ``-``."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _headings(text: str) -> list[tuple[int, str, int]]:
+    """(level, anchor, offset) of each heading outside code, duplicates numbered as GitHub numbers them."""
+    seen: dict[str, int] = {}
+    found = []
+    for match in re.finditer(r"^(#{1,6}) (.+)$", _without_code(text), re.M):
+        anchor = _slug(match.group(2))
+        count = seen.get(anchor, 0)
+        seen[anchor] = count + 1
+        found.append((len(match.group(1)), anchor if count == 0 else f"{anchor}-{count}", match.start()))
+    return found
+
+
+def _links(text: str) -> list[str]:
+    return re.findall(r"\]\(([^)\s]+)\)", _without_code(text))
+
+
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+
+
+def _resolve(page: Path, target: str) -> tuple[Path, str]:
+    path, _, anchor = target.partition("#")
+    return (page if not path else (page.parent / path).resolve()), anchor
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_relative_link_and_anchor_resolves(page):
+    """Each relative link, image and ``#anchor`` (into a markdown file of this repository) of README.md and docs/*.md
+    points at a file or folder that exists and, for an anchor, at a heading that file has."""
+    links = [t for t in _links(page.read_text(encoding="utf-8")) if not re.match(r"[a-z]+:", t)]
+    assert links
+    for target in links:
+        path, anchor = _resolve(page, target)
+        assert path.exists(), f"{page.name}: {target}"
+        if anchor:
+            assert path.suffix == ".md", f"{page.name}: {target}"
+            anchors = {a for _, a, _ in _headings(path.read_text(encoding="utf-8"))}
+            assert anchor in anchors, f"{page.name}: {target}"
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    linked = {_resolve(ROOT / "README.md", t)[0] for t in _links(README)}
+    assert {page.resolve() for page in PAGES[1:]} <= linked
+
+
+def _linked_section(page: Path, target: str) -> str:
+    """The text a link points at: a heading's section (to the next heading of its level or above), else the file."""
+    path, anchor = _resolve(page, target)
+    text = path.read_text(encoding="utf-8")
+    if not anchor:
+        return text
+    headings = _headings(text)
+    level, start = next((lvl, off) for lvl, a, off in headings if a == anchor)
+    end = next((off for lvl, _, off in headings if off > start and lvl <= level), len(text))
+    return text[start:end]
+
+
+WHAT_TO_SET = _part(README, "## What to set")
+
+
+def test_every_figure_in_what_to_set_is_in_the_section_its_row_links_to():
+    """Each row of the README's "What to set" tables names where its numbers come from, and they are there: every
+    speed-up (``2.05×``) and PSNR (``37.1 dB``) of the row occurs in the docs section (or sections) it links to."""
+    rows = [line for line in WHAT_TO_SET.splitlines() if line.startswith("|") and not line.startswith("|---")]
+    body = [row for row in rows if not row.startswith("| you want |")]
+    assert len(body) >= 15
+    figures_checked = 0
+    for row in body:
+        targets = [t for t in _links(row) if not re.match(r"[a-z]+:", t)]
+        assert targets, row
+        source = "\n".join(_linked_section(ROOT / "README.md", t) for t in targets)
+        for figure in re.findall(r"(\d+\.\d+)(?=×| dB)", row):
+            assert re.search(rf"(?<![\d.]){re.escape(figure)}(?![\d])", source), (figure, row)
+            figures_checked += 1
+    assert figures_checked >= 30
