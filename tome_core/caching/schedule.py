@@ -20,8 +20,9 @@ outside ``cache_start <= progress < cache_end``; and a stream never goes ``cache
   full steps (the same forecast the deep features get, :class:`tome_core.caching.forecast.Forecast`: linear in the sampler's time,
   or, with ``cache_forecast`` off, the last full step's input). Where the trajectory bends, the deep features' forecast
   goes wrong with it, so a full step comes sooner; where it runs straight, later. Threshold 0 makes every step full.
-  The distance is measured on every 4th latent pixel per side and read back once per cached-step candidate (the one
-  device-to-host read the adaptive schedule costs).
+  The distance is measured on every 4th position of the input's last two dimensions (a latent's pixels per side, a
+  video latent's in every frame, a token sequence's tokens and channels) and read back once per cached-step candidate
+  (the one device-to-host read the adaptive schedule costs).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ..steps import Call
 from .forecast import Forecast
 
 SUBSAMPLE = 4
-"""The signal's stride per side over the latent (1/16 of its pixels)."""
+"""The signal's stride over the input's last two dimensions (1/16 of a latent's pixels)."""
 TOLERANCE = 0.02
 """The time schedule takes a step within 2 % of N average steps from the last full one as N steps away (full): an
 even spacing rounded to integer timesteps (diffusers' UniPC: steps of 49 to 51) stays the uniform schedule."""
@@ -145,7 +146,9 @@ class Schedule:
 
 
 def _usable(x: object) -> bool:
-    return isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point()
+    """Any input a family places: an image latent (B, C, H, W), a token sequence (B, tokens, width) or a video latent
+    (B, C, T, H, W) alike."""
+    return isinstance(x, torch.Tensor) and x.dim() >= 3 and x.is_floating_point()
 
 
 def _signal(x: torch.Tensor) -> torch.Tensor:
