@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..families import Layout
+from ..families import Layout, PassState
 from ..report import CacheReport, PassCount
 from ..settings import ToMeSettings
 from ..steps import Call
@@ -47,15 +47,6 @@ from .forwards import Replaced, replace_forward, restore_forwards
 from .schedule import Schedule, too_short
 
 log = logging.getLogger("tome_core")
-
-
-@dataclass
-class _Pass:
-    """One pass through the blocks at a full call: what it kept of each skipped module for the cached passes'
-    placeholders (:meth:`Layout.keep`), and whether the skipped range's result reached its forecast."""
-
-    kept: dict[int, Any] = field(default_factory=dict)
-    deep: bool = False
 
 
 @dataclass
@@ -68,7 +59,7 @@ class _Stream:
     batch: int | None
     last_full: int  # step of its last full call
     schedule: Schedule
-    passes: list[_Pass] = field(default_factory=list)
+    passes: list[PassState] = field(default_factory=list)
     forecasts: list[Forecast] = field(default_factory=list)
 
 
@@ -98,7 +89,7 @@ class StepCache:
         self.skipping = False  # the pass through the blocks running now is a cached one
         self._cached_call = False  # the call running now is a cached one
         self._stream: _Stream | None = None  # the stream of the call running now
-        self._pass: _Pass | None = None  # its pass through the blocks running now
+        self._pass: PassState | None = None  # its pass through the blocks running now
         self._passes = 0  # passes through the blocks so far in this call
         self._time: Any = None  # the sampler time of the call running now
         self._streams: dict[tuple, _Stream] = {}
@@ -142,10 +133,10 @@ class StepCache:
         def forward(*args: Any, **kwargs: Any) -> Any:
             if self.skipping:
                 assert self._pass is not None and self.layout is not None
-                return self.layout.placeholder(index, self._pass.kept[index], args, kwargs)
+                return self.layout.placeholder(index, args, kwargs, self._pass)
             keeping = self._pass is not None and not self._cached_call and self.layout is not None
             if keeping:
-                self.layout.enter(index, args, kwargs)
+                self.layout.enter(index, args, kwargs, self._pass)
             out = original(*args, **kwargs)
             if keeping:
                 kept = self.layout.keep(index, out, args, kwargs)
@@ -226,7 +217,7 @@ class StepCache:
         self._stream, self._cached_call = stream, cached
         self._pass, self._passes, self.skipping = None, 0, False
 
-    def _complete(self, record: _Pass) -> bool:
+    def _complete(self, record: PassState) -> bool:
         return record.deep and self.layout is not None and len(record.kept) == len(self.layout.skipped)
 
     def _pass_pre(self, module: nn.Module, args: tuple) -> None:
@@ -241,7 +232,7 @@ class StepCache:
             self._pass = record
             self.skipping = record is not None and self._complete(record)
         else:
-            self._pass = _Pass()
+            self._pass = PassState()
             stream.passes.append(self._pass)
             while len(stream.forecasts) < len(stream.passes):
                 stream.forecasts.append(Forecast(self.settings.cache_forecast))
@@ -263,15 +254,15 @@ class StepCache:
         forecast = self._stream.forecasts[self._passes - 1] if self._stream is not None else None
         if not self.skipping:
             if not self._cached_call and forecast is not None:
-                found = layout.features(args, kwargs, record.kept)
+                found = layout.features(args, kwargs, record)
                 if found is not None:
                     forecast.add(self._time, *found)
                     record.deep = True
             return None
         assert forecast is not None  # a skipped pass had a complete full one
-        deep = forecast.predict(self._time, layout.probe(args, kwargs, record.kept))
+        deep = forecast.predict(self._time, layout.probe(args, kwargs, record))
         assert deep is not None
-        out = layout.inject(args, kwargs, record.kept, deep)
+        out = layout.inject(args, kwargs, record, deep)
         if out is None:
             self._note("step cache: a cached step's features did not fit; that step's image may be off")
             self._warn_once("fit", f"ToMe: cached features {tuple(deep.shape)} do not fit the entry's input")

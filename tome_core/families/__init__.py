@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .base import Layout
+from .base import Layout, PassState
 from .bfl import BflFlux
 from .chain import ComfyCosmos, ComfyLumina, ComfyMMDiT, ComfyQwenImage, ComfyWan
 from .flux import DiffusersFlux
@@ -56,6 +56,7 @@ __all__ = [
     "ComfyWan",
     "DiffusersFlux",
     "Layout",
+    "PassState",
     "UNetLayout",
     "block_holders",
     "control_skipped",

@@ -11,14 +11,30 @@ result comes from the cache (the forecast of its last full steps, :mod:`tome_cor
   computes live as well), at a cached pass :meth:`Layout.inject` puts the forecast contribution into it;
 
 and how a call of the whole model is placed in the sampling (:meth:`Layout.place`: its input and sampler time).
+
+A layout describes the model and holds no run state: what one pass through the blocks keeps is the cache's
+:class:`PassState`, handed to each method that needs it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
+
+
+@dataclass
+class PassState:
+    """One pass through the blocks, as the step cache keeps it: what a full pass kept of each skipped module
+    (:meth:`Layout.keep`, for the cached passes' placeholders), whether the skipped range's result reached its forecast,
+    and what the family carries from one hook of the pass running now to a later one (a transformer's stream as it
+    left the probe, consumed at the entry)."""
+
+    kept: dict[int, Any] = field(default_factory=dict)
+    deep: bool = False
+    carried: Any = None
 
 
 class Layout:
@@ -48,7 +64,7 @@ class Layout:
         (0–1000, as the model takes them or scaled so; tensors stay on their device: nothing is read back)."""
         raise NotImplementedError
 
-    def enter(self, index: int, args: tuple, kwargs: dict) -> None:
+    def enter(self, index: int, args: tuple, kwargs: dict, state: PassState) -> None:
         """Skipped module ``index`` is about to run in a full pass (a block may change its input in place)."""
 
     def keep(self, index: int, out: Any, args: tuple, kwargs: dict) -> Any:
@@ -56,19 +72,20 @@ class Layout:
         placeholder; None: nothing (the pass is then incomplete and later ones of its number run in full)."""
         raise NotImplementedError
 
-    def placeholder(self, index: int, kept: Any, args: tuple, kwargs: dict) -> Any:
-        """What skipped module ``index`` returns in a cached pass (``kept``: what the full pass kept of it)."""
+    def placeholder(self, index: int, args: tuple, kwargs: dict, state: PassState) -> Any:
+        """What skipped module ``index`` returns in a cached pass (``state.kept[index]``: what the full pass kept of
+        it)."""
         raise NotImplementedError
 
-    def features(self, args: tuple, kwargs: dict, kept: dict[int, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def features(self, args: tuple, kwargs: dict, state: PassState) -> tuple[torch.Tensor, torch.Tensor] | None:
         """At the entry of a full pass: the range's contribution (a tensor the caller may keep) and the probe."""
         raise NotImplementedError
 
-    def probe(self, args: tuple, kwargs: dict, kept: dict[int, Any]) -> torch.Tensor | None:
+    def probe(self, args: tuple, kwargs: dict, state: PassState) -> torch.Tensor | None:
         """At the entry of a cached pass: the live probe."""
         raise NotImplementedError
 
-    def inject(self, args: tuple, kwargs: dict, kept: dict[int, Any], deep: torch.Tensor) -> tuple[tuple, dict] | None:
+    def inject(self, args: tuple, kwargs: dict, state: PassState, deep: torch.Tensor) -> tuple[tuple, dict] | None:
         """At the entry of a cached pass: its arguments with ``deep`` (the forecast contribution) in place; None
         where it does not fit (the entry then runs on what it got)."""
         raise NotImplementedError

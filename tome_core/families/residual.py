@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from .base import Layout
+from .base import Layout, PassState
 
 
 def arg(args: tuple, kwargs: dict, position: int, name: str) -> Any:
@@ -59,7 +59,6 @@ class ResidualLayout(Layout):
         self.root, self.entry = root, getattr(root, self.names[-2])
         self.start, self.skipped = self.split(lists, branch)
         self._identity = self._modules(root)
-        self._left: torch.Tensor | None = None  # a copy of the stream as it left the probe, in the pass running now
 
     @classmethod
     def _lists(cls, root: nn.Module) -> list[list[nn.Module]] | None:
@@ -109,26 +108,28 @@ class ResidualLayout(Layout):
         return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, self.entry_arg: x})
 
     # --- the Layout --------------------------------------------------------------------------------------------
-    def _keep_left(self, args: tuple, kwargs: dict) -> None:
+    def _keep_left(self, args: tuple, kwargs: dict, state: PassState) -> None:
+        """Carry a copy of the stream as it leaves the probe (the first skipped block's input) to the entry."""
         x = self.stream_in(args, kwargs)
-        self._left = x.clone() if x is not None else None
+        state.carried = x.clone() if x is not None else None
 
-    def enter(self, index: int, args: tuple, kwargs: dict) -> None:
+    def enter(self, index: int, args: tuple, kwargs: dict, state: PassState) -> None:
         if index == 0:
-            self._keep_left(args, kwargs)
+            self._keep_left(args, kwargs, state)
 
     def keep(self, index: int, out: Any, args: tuple, kwargs: dict) -> Any:
         return True
 
-    def placeholder(self, index: int, kept: Any, args: tuple, kwargs: dict) -> Any:
+    def placeholder(self, index: int, args: tuple, kwargs: dict, state: PassState) -> Any:
         if index == 0:
-            self._keep_left(args, kwargs)
+            self._keep_left(args, kwargs, state)
         return self.pass_on(index, args, kwargs)
 
-    def _left_of(self, x: torch.Tensor | None) -> torch.Tensor | None:
+    @staticmethod
+    def _left_of(x: torch.Tensor | None, state: PassState) -> torch.Tensor | None:
         """What left the probe, as many of its last tokens as ``x`` (the entry's image stream) has (a stream on a grid,
         not a sequence: itself, where it has ``x``'s shape); None if unfit."""
-        left = self._left
+        left = state.carried
         if x is not None and left is not None and left.shape == x.shape:
             return left
         if x is None or left is None or left.dim() != 3 or x.dim() != 3:
@@ -137,19 +138,19 @@ class ResidualLayout(Layout):
             return None
         return left[:, left.shape[1] - x.shape[1] :]
 
-    def features(self, args: tuple, kwargs: dict, kept: dict[int, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def features(self, args: tuple, kwargs: dict, state: PassState) -> tuple[torch.Tensor, torch.Tensor] | None:
         x = self.entry_image(args, kwargs)
-        left = self._left_of(x)
-        self._left = None
+        left = self._left_of(x, state)
+        state.carried = None
         return None if left is None else (x - left, left)
 
-    def probe(self, args: tuple, kwargs: dict, kept: dict[int, Any]) -> torch.Tensor | None:
-        return self._left_of(self.entry_image(args, kwargs))
+    def probe(self, args: tuple, kwargs: dict, state: PassState) -> torch.Tensor | None:
+        return self._left_of(self.entry_image(args, kwargs), state)
 
-    def inject(self, args: tuple, kwargs: dict, kept: dict[int, Any], deep: torch.Tensor) -> tuple[tuple, dict] | None:
+    def inject(self, args: tuple, kwargs: dict, state: PassState, deep: torch.Tensor) -> tuple[tuple, dict] | None:
         x = self.entry_image(args, kwargs)
-        left = self._left_of(x)
-        self._left = None
+        left = self._left_of(x, state)
+        state.carried = None
         if x is None or left is None or x.shape != deep.shape:
             return None
         return self.with_entry_image(args, kwargs, (left + deep.to(left.dtype)).to(x.dtype))

@@ -27,7 +27,7 @@ from torch import nn
 
 from ..settings import SettingsError
 from ..steps import call_arg
-from .base import Layout
+from .base import Layout, PassState
 
 
 def unet_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[Any, Any]:
@@ -142,29 +142,29 @@ class UNetLayout(Layout):
     def keep(self, index: int, out: Any, args: tuple, kwargs: dict) -> Any:
         return (out.shape, out.dtype, out.device) if isinstance(out, torch.Tensor) else None
 
-    def placeholder(self, index: int, kept: Any, args: tuple, kwargs: dict) -> torch.Tensor:
-        shape, dtype, device = kept
+    def placeholder(self, index: int, args: tuple, kwargs: dict, state: PassState) -> torch.Tensor:
+        shape, dtype, device = state.kept[index]
         return torch.zeros(shape, dtype=dtype, device=device)
 
-    def _split(self, args: tuple, kwargs: dict, kept: dict[int, Any]) -> tuple[torch.Tensor, int] | None:
+    def _split(self, args: tuple, kwargs: dict, state: PassState) -> tuple[torch.Tensor, int] | None:
         """The entry block's input and the deep features' channels in it (what the layer below returned), or None."""
-        x, below = _entry_input(args, kwargs), kept.get(self._below)
+        x, below = _entry_input(args, kwargs), state.kept.get(self._below)
         if x is None or below is None or not below[0][1] < x.shape[1]:
             return None
         return x, below[0][1]
 
-    def features(self, args: tuple, kwargs: dict, kept: dict[int, Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        found = self._split(args, kwargs, kept)
+    def features(self, args: tuple, kwargs: dict, state: PassState) -> tuple[torch.Tensor, torch.Tensor] | None:
+        found = self._split(args, kwargs, state)
         if found is None:
             return None
         x, channels = found
         return x[:, :channels].clone(), x[:, channels:]  # the skip connection: the probe
 
-    def probe(self, args: tuple, kwargs: dict, kept: dict[int, Any]) -> torch.Tensor | None:
-        found = self._split(args, kwargs, kept)
+    def probe(self, args: tuple, kwargs: dict, state: PassState) -> torch.Tensor | None:
+        found = self._split(args, kwargs, state)
         return None if found is None else found[0][:, found[1] :]
 
-    def inject(self, args: tuple, kwargs: dict, kept: dict[int, Any], deep: torch.Tensor) -> tuple[tuple, dict] | None:
+    def inject(self, args: tuple, kwargs: dict, state: PassState, deep: torch.Tensor) -> tuple[tuple, dict] | None:
         x = _entry_input(args, kwargs)
         if x is None or deep.shape[0] != x.shape[0] or deep.shape[2:] != x.shape[2:]:
             return None
