@@ -6,8 +6,8 @@ from __future__ import annotations
 import tomesd.merge
 import torch
 
+from benchmarks.lab.alloc import AllocationTracker
 from tome_core import merge as tm
-from tome_core.alloc import AllocationTracker
 
 FLOAT = 4
 

@@ -29,7 +29,7 @@ class MergeReport:
     * ``cache``: the step cache's report (calls run in full and cached, where it stepped aside), when it is on.
     * ``model``: what the notes call the model (the class of the object the host passed: Forge's engine ``Flux``).
     * ``transformer``: the model is a diffusion transformer the step cache knows (token merging does not act on it:
-      ``benchmarks.dit_merge`` measured it losing to the cache at every speed).
+      ``benchmarks.quality.dit_merge`` measured it losing to the cache at every speed).
     """
 
     blocks: int
