@@ -24,12 +24,12 @@ import torch
 import tome_core
 from benchmarks.lab.models import RATIO, Config, make_unet, module_from_file, ours, photo_latents
 from benchmarks.lab.results import write_section
+from benchmarks.lab.timing import Timer
 
 ROOT = Path(__file__).resolve().parents[2]
 # The Forge-layout UNet is the tests' double (tests/forge_double/unet.py, torch only), named here by its file: the
 # tests own it, and neither tests/ nor the lab goes on sys.path for it.
 unet_from_ldm = module_from_file("forge_double.unet", ROOT / "tests" / "forge_double" / "unet.py").unet_from_ldm
-from benchmarks.lab.timing import Timer  # noqa: E402
 
 BEGIN, END = "<!-- forge:begin -->", "<!-- forge:end -->"
 CONFIGS = (Config("sd15", 512, 64, 2), Config("sd15", 1024, 32, 1), Config("sdxl", 1024, 32, 2))
