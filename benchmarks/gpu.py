@@ -4,17 +4,17 @@
     python -m benchmarks.gpu --estimate   # the run's FLOPs (counted on meta tensors) and the time they imply
     python -m benchmarks.gpu --dry-run    # the whole command at tiny sizes on any device (CI runs it)
 
-Real widths (tests/models.REAL), float16, attention through torch's scaled_dot_product_attention (the
+Real widths (benchmarks.lab.models.REAL), float16, attention through torch's scaled_dot_product_attention (the
 WebUI's "sdp" optimisation). Timing with CUDA events after a warm-up round of every variant; the host
 synchronises only at the start and end of each timed region; peak memory per variant from
 ``torch.cuda.max_memory_allocated``. Each model is built once (on the CPU, then moved) and reused.
 
 Part 1, the suite (seconds per UNet forward, every variant of ``suite.REAL_VARIANTS``) on SD1.5 at 512,
 1024 and 2048 px and SDXL at 1024 and 2048 px, cond + uncond batched. Part 2, the sampling table
-(benchmarks/sampling.py: Euler, CFG, 20 steps) on SD1.5 at 512, 1024, 1536 and 2048 px. Part 3, the step cache
-(benchmarks/cache.py: a full and a cached step of every mode, and the 20-step speed-up they give) on SD1.5 at 512 and
+(benchmarks/speed/webui_its.py: Euler, CFG, 20 steps) on SD1.5 at 512, 1024, 1536 and 2048 px. Part 3, the step cache
+(benchmarks/speed/cache.py: a full and a cached step of every mode, and the 20-step speed-up they give) on SD1.5 at 512 and
 1024 px and SDXL at 1024 px. Part 4, FLUX.1 at its real width (1024 px) in bfloat16, block by block: what the step cache
-saves there (benchmarks/dit_costs.py) and what token merging of the image tokens saves (benchmarks/dit_merge.py).
+saves there (benchmarks/speed/dit_costs.py) and what token merging of the image tokens saves (benchmarks/quality/dit_merge.py).
 Writes the GPU section of benchmarks/RESULTS.md (``--results`` for another file) from
 benchmarks/runs/gpu.json.
 """
@@ -22,35 +22,43 @@ benchmarks/runs/gpu.json.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from benchmarks import cache as C
-from benchmarks import dit_costs, dit_merge, sampling
-from benchmarks import results as R
-from benchmarks import suite as S
-from benchmarks import timing as T
+from benchmarks.lab import dit
+from benchmarks.lab import results as R
+from benchmarks.lab import timing as T
+from benchmarks.lab.models import Config
+
+# The commands whose measurements this one runs on the GPU (their measuring and table functions). Commands never
+# import one another; this orchestrator alone reaches into them, by name, through importlib.
+S = importlib.import_module("benchmarks.speed.suite")
+sampling = importlib.import_module("benchmarks.speed.webui_its")
+C = importlib.import_module("benchmarks.speed.cache")
+dit_costs = importlib.import_module("benchmarks.speed.dit_costs")
+dit_merge = importlib.import_module("benchmarks.quality.dit_merge")
 
 BEGIN, END = "<!-- gpu:begin -->", "<!-- gpu:end -->"
 SUITE = (
-    S.Config("sd15", 512, 320, 2, True),
-    S.Config("sd15", 1024, 320, 2, True),
-    S.Config("sd15", 2048, 320, 2, True),
-    S.Config("sdxl", 1024, 320, 2, True),
-    S.Config("sdxl", 2048, 320, 2, True),
+    Config("sd15", 512, 320, 2, True),
+    Config("sd15", 1024, 320, 2, True),
+    Config("sd15", 2048, 320, 2, True),
+    Config("sdxl", 1024, 320, 2, True),
+    Config("sdxl", 2048, 320, 2, True),
 )
 CACHE_SUITE = (SUITE[0], SUITE[1], SUITE[3])  # the step cache's targets: SD1.5 512 / 1024 px, SDXL 1024 px
 CACHE_ROUNDS = 2
 SIZES = sampling.GPU_SIZES
 STEPS, ROUNDS, SAMPLING_ROUNDS, WARMUP_STEPS = 20, 3, 2, 2
 # --dry-run: the same code paths at sizes a CPU runs in seconds (reduced width, tiny latents)
-DRY_SUITE = (S.Config("sd15", 64, 32, 2), S.Config("sdxl", 64, 32, 2))
+DRY_SUITE = (Config("sd15", 64, 32, 2), Config("sdxl", 64, 32, 2))
 DRY_SIZES, DRY_STEPS, DRY_ROUNDS = (64, 96, 128, 160), 2, 1
 DRY_CACHE = DRY_SUITE
-FLUX, DRY_FLUX = dit_costs.REAL, dit_costs.QUICK
+FLUX, DRY_FLUX = dit.REAL, dit.QUICK
 FLUX_DTYPE = torch.bfloat16  # FLUX's own weights and the dtype its users run it in
 # --estimate: sustained float16 throughput assumed for a UNet forward on an H100/H200 (about 20% of the
 # dense tensor-core peak, ~990 TFLOP/s), a floor per forward for kernel launches at small sizes, and the
@@ -89,7 +97,7 @@ def estimate(rounds: int = ROUNDS, sampling_rounds: int = SAMPLING_ROUNDS, steps
     compute), every variant counted as a baseline forward (an upper bound), and the time it implies."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    def flops(config: S.Config, batch: int) -> float:
+    def flops(config: Config, batch: int) -> float:
         with torch.device("meta"):
             unet = config.build()
             side = config.px // 8
@@ -110,7 +118,7 @@ def estimate(rounds: int = ROUNDS, sampling_rounds: int = SAMPLING_ROUNDS, steps
         work.append(
             (
                 len(sampling.VARIANTS) * (WARMUP_STEPS + sampling_rounds * steps),
-                flops(S.Config("sd15", px, 320, 1, True), 2),
+                flops(Config("sd15", px, 320, 1, True), 2),
             )
         )
         lines.append(f"sampling SD1.5 {px} px: {work[-1][1] / 1e12:.1f} TFLOP/step x {work[-1][0]}")
@@ -121,7 +129,7 @@ def estimate(rounds: int = ROUNDS, sampling_rounds: int = SAMPLING_ROUNDS, steps
         )
 
     with torch.device("meta"):
-        double, single, kwargs = dit_costs.blocks(FLUX, "meta", FLUX_DTYPE)
+        double, single, kwargs = dit.blocks(FLUX, "meta", FLUX_DTYPE)
     for block in (double, single):  # dit_costs and each of dit_merge's 7 (plain too): a warm-up and the rounds
         with FlopCounterMode(display=False) as counter, torch.no_grad():
             block(**kwargs)
@@ -207,28 +215,28 @@ def section(
 
 def flux_tables(flux: dict, clock: str) -> list[str]:
     """Part 4: FLUX.1's blocks, the step cache's costs and speed-ups, token merging's block costs."""
-    costs = dit_costs.BlockCosts(**flux["costs"])
+    costs = dit.BlockCosts(**flux["costs"])
     return [
         f"### FLUX.1 at its real width ({flux['dtype']}): the step cache and token merging",
         "",
         f"diffusers' FLUX blocks with random weights, one image ({costs.blocks.image_tokens} image + "
         f"{costs.blocks.text_tokens} text tokens); seconds from {clock}, as a fraction of a full step. As "
-        "`benchmarks.dit_costs` and `benchmarks.dit_merge` measure them on the CPU.",
+        "`benchmarks.speed.dit_costs` and `benchmarks.quality.dit_merge` measure them on the CPU.",
         "",
         *dit_costs.tables([costs]),
         "",
-        *dit_merge.speed_table(dit_merge.Prices(**flux["merge"])),
+        *dit_merge.speed_table(dit.Prices(**flux["merge"])),
         "",
     ]
 
 
-def measure_flux(config: dit_costs.Config, rounds: int, log, device: torch.device, dtype: torch.dtype) -> dict:
+def measure_flux(config: dit.Config, rounds: int, log, device: torch.device, dtype: torch.dtype) -> dict:
     """Part 4's measurements (see :func:`flux_tables`)."""
     costs = dit_costs.measure(config, rounds, log, device=device, dtype=dtype)
     seconds = dit_merge.measure(config, rounds, log, device, dtype)
     for kind in dit_costs.KINDS[:2]:
         log(f"  FLUX.1 {kind} block: {1000 * costs.cost(kind):.1f} ms")
-    prices = dit_merge.prices(seconds, config, costs)
+    prices = dit.prices(seconds, config, costs)
     return {"dtype": str(dtype).removeprefix("torch."), "costs": vars(costs), "merge": vars(prices)}
 
 
@@ -256,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
 
     models: dict[tuple[str, bool], torch.nn.Module] = {}
 
-    def model(config: S.Config) -> torch.nn.Module:
+    def model(config: Config) -> torch.nn.Module:
         key = (config.layout, config.real)
         if key not in models:
             models.clear()  # one model on the device at a time
@@ -268,7 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     # sampling first (SD1.5), then the suite's SD1.5 sizes on the same model, then SDXL
     samples = []
     for px in sizes:
-        config = S.Config("sd15", px, suite_configs[0].channels, 1, suite_configs[0].real)
+        config = Config("sd15", px, suite_configs[0].channels, 1, suite_configs[0].real)
         log(f"sampling {px} px, {steps} steps")
         warmup_steps = 1 if args.dry_run else WARMUP_STEPS
         samples.append(sampling.run_size(config, steps, sampling_rounds, warmup_steps, log, unet=model(config)))

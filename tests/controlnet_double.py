@@ -132,7 +132,7 @@ beyond what ``hook`` needs, VAE encoding (replaced by a deterministic stand-in, 
 API summary
 ===========
 ``make_control_net(...)`` (``PlugableControlModel`` around a tiny ``ControlNet``, for the SD1.5-layout UNet of
-``tests/models.make_unet``), ``make_adapter(...)`` (``PlugableAdapter`` around a tiny
+``benchmarks.lab.models.make_unet``), ``make_adapter(...)`` (``PlugableAdapter`` around a tiny
 ``Adapter``), ``FakeSDModel(unet)`` (``p.sd_model``-like), ``ControlParams``, ``UnetHook``,
 ``clear_all_secondary_control_models``, ``reference_params`` / ``enable_reference_only`` /
 ``disable_reference_only``, ``ControlNetUnit``, ``ControlNetScript``, ``find_cn_script``, ``mark_context``.

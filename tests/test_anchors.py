@@ -1,4 +1,4 @@
-"""The other UIs' caches as the fidelity benchmark runs them (benchmarks/anchors.py): each rule decides as its
+"""The other UIs' caches as the fidelity benchmark runs them (benchmarks/lab/anchors.py): each rule decides as its
 description says on synthetic trajectories, per seed inside a batch as if each seed were sampled alone, with its guard
 rails (first and last step computed); DeepCache's non-uniform schedule is dense around its centre."""
 
@@ -11,8 +11,8 @@ import torch
 from models import make_unet
 
 import tome_core
-from benchmarks import anchors
-from benchmarks import modes as M
+from benchmarks.lab import anchors
+from benchmarks.lab import modes as M
 
 
 class Linear(torch.nn.Module):

@@ -18,9 +18,15 @@ from models import make_unet
 from test_host_reads import host_reads
 
 import tome_core
-from benchmarks import cache, cache_costs, dit_merge, forge, gpu, sampler, sampling, suite, timing
-from benchmarks.cache_costs import ExtraCosts
-from benchmarks.results import load_run_data, write_section
+from benchmarks import gpu
+from benchmarks.lab import sampling as sampler
+from benchmarks.lab import timing
+from benchmarks.lab.models import Config
+from benchmarks.lab.prices import ExtraCosts
+from benchmarks.lab.results import load_run_data, write_section
+from benchmarks.quality import dit_merge
+from benchmarks.speed import cache, cache_costs, forge, suite
+from benchmarks.speed import webui_its as sampling
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -165,7 +171,7 @@ def test_half_precision_unet_runs_every_group_norm_in_one_dtype(monkeypatch):
 
 
 def test_forge_benchmark_runs_every_variant_on_both_layouts_with_the_same_outputs():
-    config = suite.Config("sd15", 64, 32, 1)
+    config = Config("sd15", 64, 32, 1)
     stats = forge.run_config(config, 1)
     assert set(stats) == {(v, layout) for v in forge.VARIANTS for layout in forge.LAYOUTS}
     assert all(s["same"] for s in stats.values())  # each variant's output is the same on the ldm and Forge UNets
@@ -175,7 +181,7 @@ def test_forge_benchmark_runs_every_variant_on_both_layouts_with_the_same_output
 
 def test_step_cache_benchmark_derives_the_speed_up_from_its_own_schedule(caplog):
     with caplog.at_level("WARNING", logger="tome_core"):
-        costs = cache.measure_steps(suite.Config("sd15", 64, 32, 1), 1, lambda s: None)
+        costs = cache.measure_steps(Config("sd15", 64, 32, 1), 1, lambda s: None)
     assert not caplog.records  # each mode ran alone (no leftover tomesd merging before ours)
     assert set(costs.cached) == {"plain", *cache.TOME} and set(costs.full) == {
         "plain",
@@ -187,7 +193,7 @@ def test_step_cache_benchmark_derives_the_speed_up_from_its_own_schedule(caplog)
     full, cached = costs.cost("full", "plain"), costs.cost("cached", "plain")
     assert costs.speedup("plain", 3) == pytest.approx(20 * full / (8 * full + 12 * cached))  # N=3: 8 full, 12 cached
     assert costs.held_bytes == 1 * 32 * 8 * 8 * 4  # branch 0: output_blocks[10]'s 32 channels at 8 x 8, float32
-    cache.measure_sampling(suite.Config("sd15", 64, 32, 1), 1, 3, lambda s: None, costs)
+    cache.measure_sampling(Config("sd15", 64, 32, 1), 1, 3, lambda s: None, costs)
     assert set(costs.sampling) == {"plain", *(name for name, _ in cache.E2E)} and costs.sampling_steps == 3
     text = cache.section(
         [costs],
@@ -205,7 +211,7 @@ def test_step_cache_benchmark_derives_the_speed_up_from_its_own_schedule(caplog)
 
 
 def test_controlnet_benchmark_measures_the_cached_step_with_and_without_shortening_the_control_model():
-    from benchmarks import controlnet
+    from benchmarks.speed import controlnet
 
     rows = {name: share for name, _, share in controlnet.measure_cached(64, 1, 32, 2)}
     assert set(rows) == {
@@ -217,8 +223,7 @@ def test_controlnet_benchmark_measures_the_cached_step_with_and_without_shorteni
 
 
 def test_cache_memory_measures_every_variant_and_the_exact_features_held():
-    from benchmarks import cache_memory
-    from benchmarks.suite import Config
+    from benchmarks.speed import cache_memory
 
     config = Config("sd15", 128, 32, 1)
     r = {v: cache_memory.child(v, config) for v in cache_memory.VARIANTS}

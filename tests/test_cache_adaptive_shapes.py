@@ -11,7 +11,7 @@ from chain_doubles import MiniTrainDIT
 from wan_double import WanModel
 
 import tome_core
-from benchmarks.fidelity import flux
+from benchmarks.lab.trained import flux
 from tome_core.caching.schedule import uniform_plan
 from tome_core.settings import ToMeSettings
 

@@ -13,7 +13,7 @@ import torch
 from models import make_unet, photo_latents, step_call
 
 import tome_core
-from benchmarks import sampler as S
+from benchmarks.lab import sampling as S
 from tome_core.caching.forecast import PROBE_STRIDE, Forecast
 from tome_core.caching.schedule import Schedule, uniform_plan
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import tome_core
-from benchmarks.fidelity import flux
+from benchmarks.lab.trained import flux
 from tome_core.families import DiffusersFlux, UNetLayout, layout_for
 from tome_core.settings import SettingsError, ToMeSettings
 
@@ -103,7 +103,7 @@ def test_the_cache_acts_and_leaves_the_model_bit_identical(model, forecast):
 @pytest.mark.parametrize("steps, cached", [(4, 0), (5, 2), (None, 2)])
 def test_a_pass_too_short_for_a_forecast_runs_in_full_and_says_so(model, steps, cached):
     """At N=2 a 4-step pass caches only step 1, before its second full step: it could only reuse step 0's residual,
-    which lost to plain with fewer steps (``benchmarks.dit_steps``), so it runs in full; a 5-step pass caches (step 3
+    which lost to plain with fewer steps (``benchmarks.quality.dit_steps``), so it runs in full; a 5-step pass caches (step 3
     gets a forecast), and so does a pass whose step count nobody reported."""
     calls = _calls(model, (0.9, 0.8, 0.7, 0.6, 0.5)[: steps or 5])
     t = model.transformer

@@ -10,7 +10,7 @@ import torch
 from models import make_unet, rel
 
 import tome_core
-from benchmarks import sampler as S
+from benchmarks.lab import sampling as S
 
 diffusers = pytest.importorskip("diffusers")
 deepcache = pytest.importorskip("DeepCache")

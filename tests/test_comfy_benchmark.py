@@ -1,4 +1,4 @@
-"""``benchmarks.comfy`` (the nodes in a real ComfyUI over its HTTP API): its workflow is one the ComfyUI double runs for
+"""``benchmarks.speed.comfy`` (the nodes in a real ComfyUI over its HTTP API): its workflow is one the ComfyUI double runs for
 every mode, and its RESULTS.md section is rendered from the measurements."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import comfy_harness as ch
 import torch
 
-from benchmarks import comfy
+from benchmarks.speed import comfy
 
 ROOT = Path(__file__).resolve().parents[1]
 

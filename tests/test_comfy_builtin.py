@@ -1,4 +1,4 @@
-"""The benchmarks' anchor for ComfyUI's built-in token merging (``benchmarks.comfy_builtin``, mode ``comfy-tome``): on
+"""The benchmarks' anchor for ComfyUI's built-in token merging (``benchmarks.lab.comfy_builtin``, mode ``comfy-tome``): on
 the real ldm UNet it merges the queries of the highest level's self-attention only, and nothing on SDXL's layout."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from models import make_unet, photo_latents
 
-from benchmarks import modes
+from benchmarks.lab import modes
 from tome_core.families import transformer_blocks
 
 MODE = modes.MODES["comfy-tome"]

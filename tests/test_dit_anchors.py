@@ -1,4 +1,4 @@
-"""The DiT anchors (``benchmarks.dit_anchors``, issue 26): the model's forward taken apart gives its output bit for
+"""The DiT anchors (``benchmarks.lab.dit_anchors``, issue 26): the model's forward taken apart gives its output bit for
 bit; First Block Cache, TeaCache, TaylorSeer, FoCa, MagCache, EasyCache and LazyCache skip as their descriptions say; TeaCache's
 polynomial and MagCache's ratios are fitted as their authors fit them."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import dit_anchors as A
-from benchmarks.fidelity import flux
+from benchmarks.lab import dit_anchors as A
+from benchmarks.lab.trained import flux
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""FLUX.1's real-width block costs (``benchmarks.dit_costs``, issue 26): what it measures and what it derives."""
+"""FLUX.1's real-width block costs (``benchmarks.speed.dit_costs``, issue 26): what it measures and what it derives."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ from dataclasses import asdict
 
 import pytest
 
-from benchmarks import dit_costs as D
+from benchmarks.lab import dit
+from benchmarks.speed import dit_costs as D
 
 
 def test_a_quick_run_times_every_kind_and_the_whole_model_and_renders():
-    costs = D.measure(D.QUICK, 1, lambda _: None, whole=True)
+    costs = D.measure(dit.QUICK, 1, lambda _: None, whole=True)
     assert set(costs.seconds) == set(D.KINDS) and all(len(v) == 1 and v[0] > 0 for v in costs.seconds.values())
     assert len(costs.whole) == 1
     meta = {"torch": "x", "threads": 1, "rounds": 1, "finished": "now", "seconds": 1.0}
@@ -20,7 +21,7 @@ def test_a_quick_run_times_every_kind_and_the_whole_model_and_renders():
 
 def test_the_speed_up_prices_full_and_cached_steps_of_the_uniform_schedule():
     seconds = {"double": [2.0], "single": [1.0], "outside": [0.5], "forecast": [0.01], "calibrated": [0.02]}
-    costs = D.BlockCosts(asdict(D.REAL), seconds | {"calibration": [0.03], "signal": [0.001]})
+    costs = dit.BlockCosts(asdict(dit.REAL), seconds | {"calibration": [0.03], "signal": [0.001]})
     full = 0.5 + 19 * 2.0 + 38 * 1.0
     assert costs.full_step() == pytest.approx(full)
     assert costs.cached_step() == pytest.approx(0.5 + 2.0 + 0.02)  # the outside, the probe block, the forecast

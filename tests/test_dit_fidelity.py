@@ -1,5 +1,5 @@
-"""The DiT fidelity benchmark (``benchmarks.dit_fidelity``, issue 26) runs our cache's modes on the FLUX-layout model
-and prices their steps with the real-width costs."""
+"""The DiT fidelity benchmark (``benchmarks.quality.dit_fidelity``, issue 26) runs our cache's modes on the
+FLUX-layout model and prices their steps with the real-width costs."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from dataclasses import asdict
 
 import pytest
 
-from benchmarks import dit_costs, dit_fidelity
-from benchmarks.fidelity import data, flux
+from benchmarks.lab import dit
+from benchmarks.lab.trained import data, flux
+from benchmarks.quality import dit_fidelity
+from benchmarks.speed import dit_costs
 
 
 def test_a_quick_run_reports_every_mode_against_plain_and_renders():
@@ -32,15 +34,15 @@ def test_a_quick_run_reports_every_mode_against_plain_and_renders():
 
 def test_a_pass_is_priced_with_the_real_width_costs(monkeypatch):
     seconds = {k: [1.0] for k in dit_costs.KINDS} | {"double": [2.0], "calibrated": [0.5], "calibration": [0.25]}
-    costs = dit_costs.BlockCosts(asdict(dit_costs.REAL), seconds)
-    monkeypatch.setattr(dit_fidelity, "load_run_data", lambda name: ([vars(costs)], {}))
+    costs = dit.BlockCosts(asdict(dit.REAL), seconds)
+    monkeypatch.setattr(dit, "load_run_data", lambda name: ([vars(costs)], {}))
     full = 1.0 + 19 * 2.0 + 38 * 1.0
     expected = 20 * full / (8 * (full + 0.25) + 12 * (1.0 + 2.0 + 0.5))
-    assert dit_fidelity.priced({"full": 8, "cached": 12}) == pytest.approx(expected)
+    assert dit.priced({"full": 8, "cached": 12}) == pytest.approx(expected)
 
 
 def test_the_frontier_plot_draws_every_family_the_runs_measured():
-    from benchmarks import dit_frontier
+    from benchmarks.quality import dit_frontier
 
     points = dit_frontier.points()
     assert {family for family, *_ in points} <= set(dit_frontier.FAMILIES)  # none left out of the legend

@@ -1,13 +1,14 @@
-"""Token merging on a diffusion transformer (``benchmarks.dit_merge``, issue 26 item 3) and the cache at few steps
-(``benchmarks.dit_steps``): what they merge, that RoPE positions follow the tokens, and that their runs render."""
+"""Token merging on a diffusion transformer (``benchmarks.quality.dit_merge``, issue 26 item 3) and the cache at few steps
+(``benchmarks.quality.dit_steps``): what they merge, that RoPE positions follow the tokens, and that their runs render."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from benchmarks import dit_costs, dit_merge, dit_steps
-from benchmarks.fidelity import data, flux
+from benchmarks.lab import dit
+from benchmarks.lab.trained import data, flux
+from benchmarks.quality import dit_merge, dit_steps
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +26,9 @@ def test_merging_nothing_keeps_the_output_so_every_token_keeps_its_rope_position
     x, sigma, labels = _inputs()
     with torch.no_grad():
         plain = model(x, sigma, labels)
-        with dit_merge.Merging(dit_merge.Merge(where, 0.0), model.transformer):
+        with dit_merge.Merging(dit.Merge(where, 0.0), model.transformer):
             same = model(x, sigma, labels)  # tokens reordered (kept sources, then destinations), positions with them
-        with dit_merge.Merging(dit_merge.Merge(where, 0.5), model.transformer):
+        with dit_merge.Merging(dit.Merge(where, 0.5), model.transformer):
             merged = model(x, sigma, labels)
         after = model(x, sigma, labels)
     torch.testing.assert_close(same, plain, rtol=0, atol=1e-5)
@@ -51,7 +52,7 @@ def test_merging_shortens_the_image_tokens_where_it_acts(model, where, merged_in
         for name in ("attn.to_q", "ff")  # the image stream's queries, its MLP
     ]
     try:
-        with torch.no_grad(), dit_merge.Merging(dit_merge.Merge(where, 0.5), model.transformer):
+        with torch.no_grad(), dit_merge.Merging(dit.Merge(where, 0.5), model.transformer):
             model(x[:1], sigma[:1], labels[:1])
     finally:
         for h in hooks:
@@ -62,7 +63,7 @@ def test_merging_shortens_the_image_tokens_where_it_acts(model, where, merged_in
 
 def test_merged_tokens_take_the_positions_of_the_tokens_they_stand_for():
     x = torch.randn(1, 16, 8)
-    merging = dit_merge.Merging(dit_merge.Merge("block", 0.5), _Empty())
+    merging = dit_merge.Merging(dit.Merge("block", 0.5), _Empty())
     plan = merging.plan(x)
     ids = torch.arange(3 + 16, dtype=torch.float32).unsqueeze(1)  # a "rope" that is each token's index
     cos, sin = dit_merge.positions((ids, -ids), 3, plan)
@@ -77,16 +78,16 @@ class _Empty(torch.nn.Module):
 
 
 def test_a_quick_run_measures_every_merge_prices_and_renders(model):
-    seconds = dit_merge.measure(dit_costs.QUICK, 1, lambda _: None)
-    names = ["plain", *(dit_merge.Merge(w, r).name for w in dit_merge.WHERE for r in dit_merge.RATIOS)]
+    seconds = dit_merge.measure(dit.QUICK, 1, lambda _: None)
+    names = ["plain", *(dit.Merge(w, r).name for w in dit_merge.WHERE for r in dit_merge.RATIOS)]
     assert set(seconds) == {f"{k}/{m}" for k in ("double", "single") for m in names}
-    prices = dit_merge.prices(seconds, dit_costs.QUICK)
+    prices = dit.prices(seconds, dit.QUICK)
     assert prices.outside == 0.0  # the real-width run's outside is not mixed into tiny blocks
     fidelity = dit_merge.fidelity(2, 5, model, lambda _: None)
     assert list(fidelity) == ["plain", *(name for name, _, _ in dit_merge.modes())]
     assert fidelity["cache-2"]["counts"]["cached"] == 2 and fidelity["block-0.5"]["counts"]["cached"] == 0
     assert fidelity["cache-3"]["counts"]["cached"] == 0  # 5 steps at N=3: too short for a forecast, all full
-    results = {"config": vars(dit_costs.QUICK), "prices": vars(prices), "seconds": seconds, "fidelity": fidelity}
+    results = {"config": vars(dit.QUICK), "prices": vars(prices), "seconds": seconds, "fidelity": fidelity}
     meta = {"torch": "x", "threads": 1, "rounds": 1, "finished": "now", "seconds": 1.0, "seeds": 2, "steps": 5}
     text = dit_merge.section(results, meta)
     assert text.startswith(dit_merge.BEGIN) and "| cache N=3 + merge block 0.5 |" in text and "| block-0.75 |" in text
@@ -94,7 +95,7 @@ def test_a_quick_run_measures_every_merge_prices_and_renders(model):
 
 def test_a_pass_is_priced_with_merged_blocks_and_cached_steps():
     blocks = {"double/plain": 2.0, "single/plain": 1.0, "double/block-0.5": 1.0, "single/block-0.5": 0.5}
-    prices = dit_merge.Prices(blocks, outside=0.5, forecast=0.1)
+    prices = dit.Prices(blocks, outside=0.5, forecast=0.1)
     full, merged = 0.5 + 19 * 2.0 + 38 * 1.0, 0.5 + 19 * 1.0 + 38 * 0.5
     assert prices.speedup({"full": 20}, "block-0.5") == pytest.approx(full / merged)
     expected = 20 * full / (8 * merged + 12 * (0.5 + 1.0 + 0.1))  # a cached step runs the merged probe

@@ -14,11 +14,11 @@ import torch
 from safetensors.torch import load_file
 
 import tome_core
-from benchmarks import sampler as S
-from benchmarks.fidelity import architectures as A
-from benchmarks.fidelity import benchmark as B
-from benchmarks.fidelity import data, load_classifier, load_model, training_data
-from benchmarks.fidelity import report as R
+from benchmarks.lab import fidelity as B
+from benchmarks.lab import sampling as S
+from benchmarks.lab.trained import architectures as A
+from benchmarks.lab.trained import data, load_classifier, load_model, training_data
+from benchmarks.quality.fidelity import report as R
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,7 +93,17 @@ def test_the_classifier_recognises_the_training_distribution():
 @pytest.mark.parametrize("model", ["sd15", "sdxl", "flux", "classifier"])
 def test_training_script_runs_a_few_steps(model, tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.fidelity.train", "--model", model, "--steps", "2", "--out", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.lab.trained.train",
+            "--model",
+            model,
+            "--steps",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -188,7 +198,7 @@ def test_quick_fidelity_run_reports_its_modes_on_both_layouts():
         "eps_seeds": 2,
         "steps": 3,
     }
-    text = R.section(data_, meta, "python -m benchmarks.fidelity --quick")
+    text = R.section(data_, meta, "python -m benchmarks.quality.fidelity --quick")
     assert text.startswith(B.BEGIN) and text.endswith(B.END) and text.count("#### ") == len(cases)
     assert "| quality: mode |" in text and len(grids) == 4
 
@@ -196,7 +206,7 @@ def test_quick_fidelity_run_reports_its_modes_on_both_layouts():
 def test_matched_speeds_judge_every_family_by_the_same_rule():
     """A family's PSNR at a target speed: its best mode within ±5 %, or the line between its two frontier modes
     around the target where that is higher; ours too (issue 23's matched-speed table)."""
-    from benchmarks.fidelity import frontier as F
+    from benchmarks.lab import frontier as F
 
     def pt(name, family, speed, psnr):
         return F.Point(name, family, speed, speed, speed, psnr, 0.9)

@@ -1,4 +1,4 @@
-"""The FLUX-layout model (``benchmarks.fidelity.flux``, issue 26): FLUX's packing, positions and schedule, its
+"""The FLUX-layout model (``benchmarks.lab.trained.flux``, issue 26): FLUX's packing, positions and schedule, its
 flow-matching Euler sampler, and the shipped weights in the documented architecture."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import itertools
 import pytest
 import torch
 
-from benchmarks.fidelity import architectures as A
-from benchmarks.fidelity import data, flux
+from benchmarks.lab.trained import architectures as A
+from benchmarks.lab.trained import data, flux
 
 
 def test_packing_makes_2x2_patches_row_by_row_tokens_and_unpacks_exactly():
@@ -54,7 +54,7 @@ def test_the_model_is_fluxs_blocks_at_reduced_width_conditioned_on_the_label():
 
 @pytest.mark.skipif(not A.weights_path(flux.NAME).exists(), reason="the FLUX-layout model is not trained yet")
 def test_the_shipped_weights_load_strictly_and_have_a_model_card():
-    from benchmarks.fidelity.loading import load_flux
+    from benchmarks.lab.trained.loading import load_flux
 
     model = load_flux()  # strict
     assert not model.training and all(not p.requires_grad for p in model.parameters())

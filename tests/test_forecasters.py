@@ -1,4 +1,4 @@
-"""The forecast study's higher-order and global fits (``benchmarks.forecasters``, issue 27) and the fidelity benchmark's
+"""The forecast study's higher-order and global fits (``benchmarks.lab.forecasters``, issue 27) and the fidelity benchmark's
 price of the calibrated forecast."""
 
 from __future__ import annotations
@@ -7,13 +7,13 @@ import pytest
 import torch
 
 import tome_core.caching.cache as step_cache
-from benchmarks import forecasters as F
-from benchmarks import modes
-from benchmarks import sampler as S
-from benchmarks.anchors import chebyshev_ridge
-from benchmarks.fidelity import benchmark as B
-from benchmarks.fidelity import speed
-from benchmarks.fidelity.loading import load_model
+from benchmarks.lab import fidelity as B
+from benchmarks.lab import forecasters as F
+from benchmarks.lab import modes
+from benchmarks.lab import prices as speed
+from benchmarks.lab import sampling as S
+from benchmarks.lab.anchors import chebyshev_ridge
+from benchmarks.lab.trained.loading import load_model
 from tome_core.caching.forecast import Forecast
 
 

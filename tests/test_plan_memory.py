@@ -6,7 +6,7 @@ from __future__ import annotations
 import tomesd.merge
 import torch
 
-from tome_core.alloc import AllocationTracker
+from benchmarks.lab.alloc import AllocationTracker
 from tome_core.merging import merge as tm
 
 FLOAT = 4

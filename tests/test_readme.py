@@ -29,7 +29,7 @@ def test_first_lines_are_the_two_setup_commands_and_ci_runs_the_test_one():
     lines = README.splitlines()
     assert lines[0] == "```sh" and lines[3] == "```"
     bench, tests = (line.split("#")[0].strip() for line in lines[1:3])
-    assert bench.startswith("bash .ci/setup && ") and "benchmarks.suite" in bench
+    assert bench.startswith("bash .ci/setup && ") and "benchmarks.speed.suite" in bench
     assert tests == "bash .ci/setup && .venv/bin/python -m pytest -q"
     ci = (ROOT / ".ci" / "run").read_text()
     assert "bash .ci/setup" in ci and ".venv/bin/python -m pytest -q" in ci
@@ -81,10 +81,10 @@ def _section(text: str, name: str) -> str:
 
 # docs/speed.md table header -> the RESULTS.md section (one benchmark's last run) it is copied from
 TABLES = {
-    "| real width: model, size |": "real-cpu",  # python -m benchmarks.suite --real
-    "| step cache: model, size |": "cache",  # python -m benchmarks.cache (derived 20-step speed-ups, real width)
-    "| model, size |": "suite",  # python -m benchmarks.suite (reduced widths: the shape of the curve)
-    "| sampling: size |": "sampling",  # python -m benchmarks.sampling
+    "| real width: model, size |": "real-cpu",  # python -m benchmarks.speed.suite --real
+    "| step cache: model, size |": "cache",  # python -m benchmarks.speed.cache (derived 20-step speed-ups, real width)
+    "| model, size |": "suite",  # python -m benchmarks.speed.suite (reduced widths: the shape of the curve)
+    "| sampling: size |": "sampling",  # python -m benchmarks.speed.webui_its
 }
 SPEEDUP_SECTION = _part(_doc("speed.md"), "## What speed-up to expect")
 
@@ -130,7 +130,7 @@ QUALITY_TABLES = (
 
 @pytest.mark.parametrize("header", QUALITY_TABLES)
 def test_quality_tables_are_the_fidelity_benchmarks_last_run(header):
-    """docs/quality.md's figures are the trained models' (``python -m benchmarks.fidelity``), copied unchanged."""
+    """docs/quality.md's figures are the trained models' (``python -m benchmarks.quality.fidelity``), copied unchanged."""
     _assert_copied(QUALITY_SECTION, header, "fidelity")
 
 
@@ -138,7 +138,7 @@ COMFY_SECTION = _part(_doc("hosts.md"), "## ComfyUI")
 
 
 def test_the_comfy_speed_table_is_the_comfy_benchmarks_last_run():
-    """The real ComfyUI's numbers in docs/hosts.md (``python -m benchmarks.comfy``), copied unchanged."""
+    """The real ComfyUI's numbers in docs/hosts.md (``python -m benchmarks.speed.comfy``), copied unchanged."""
     _assert_copied(COMFY_SECTION, "| ComfyUI (CPU): model, size |", "comfy-cpu")
 
 
@@ -183,10 +183,10 @@ STEP_CACHE_SECTION = _part(_doc("step-cache.md"), "## Step cache")
 
 
 def test_the_sampler_table_is_the_samplers_benchmarks_last_run():
-    """Issue 27's table (``python -m benchmarks.samplers``), copied unchanged, every sampler of the benchmark in it."""
+    """Issue 27's table (``python -m benchmarks.quality.cache_by_sampler``), copied unchanged, every sampler of the benchmark in it."""
     _assert_copied(STEP_CACHE_SECTION, "| sampler, N |", "samplers")
     _, rows = _table(STEP_CACHE_SECTION, "| sampler, N |")
-    from benchmarks.sampler import LABELS
+    from benchmarks.lab.sampling import LABELS
 
     assert {row.split(", N=")[0] for row in rows} == set(LABELS.values())
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from benchmarks import sampler as S
+from benchmarks.lab import sampling as S
 
 
 class Recorder:
@@ -90,7 +90,8 @@ def test_an_unknown_sampler_is_named():
 
 
 def test_the_sampler_table_merges_the_parts_of_a_run_a_later_cell_replacing_the_earlier(tmp_path, monkeypatch):
-    from benchmarks import results, samplers
+    from benchmarks.lab import results
+    from benchmarks.quality import cache_by_sampler as samplers
 
     def cell(psnr: float, full: int) -> dict:
         return {"psnr": [psnr, psnr - 1, psnr + 1], "p5": psnr - 2, "p95": psnr + 2, "full": full}
@@ -126,8 +127,8 @@ def test_the_sampler_table_merges_the_parts_of_a_run_a_later_cell_replacing_the_
 
 
 def test_the_sampler_table_prices_the_other_families_modes_seed_by_seed():
-    from benchmarks import samplers
-    from benchmarks.fidelity.speed import priced
+    from benchmarks.lab.prices import priced
+    from benchmarks.quality import cache_by_sampler as samplers
 
     saves = []
     data = samplers.run_layout(

@@ -83,7 +83,7 @@ class Report:
     * ``cache``: the step cache's calls, steps and notes; None when it is off.
     * ``merging``: merging was asked for (ratio > 0): only then is "nothing merged" a shortfall.
     * ``transformer``: the model is a diffusion transformer a family knows (token merging does not act on it:
-      ``benchmarks.dit_merge`` measured it losing to the cache at every speed).
+      ``benchmarks.quality.dit_merge`` measured it losing to the cache at every speed).
     """
 
     model: str = "this model"

@@ -2,7 +2,7 @@
 
 Written from reading Forge main at dfdcbab (2025-06-26); the line numbers below are that commit's. What is
 reproduced is what a hook-based patch can observe: the module tree and ``state_dict()`` keys (ldm's, so the
-tiny ldm UNets of ``tests/models.py`` load here unchanged), the call signatures (keywords and positions), the
+tiny ldm UNets of ``benchmarks/lab/models.py`` load here unchanged), the call signatures (keywords and positions), the
 in-place adds of ``BasicTransformerBlock._forward`` and its ``transformer_options["patches"]`` /
 ``["patches_replace"]`` protocol, ``transformer_depth`` per input block instead of ``attention_resolutions``,
 and upsampling to the skip connection's size. Attention runs through ``scaled_dot_product_attention``, as Forge

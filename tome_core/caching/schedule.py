@@ -57,7 +57,7 @@ def too_short(settings: ToMeSettings, steps: int | None) -> bool:
     """Whether a pass of ``steps`` (None: unknown) is too short for a forecast: with a full step at 0, at
     ``cache_interval`` and at the last, a pass of at most ``cache_interval + 2`` steps caches only steps before its
     second full one, which reuse the first one's features (a forecast needs two full steps). On the trained
-    FLUX-layout model (``benchmarks.dit_steps``) such passes (4 steps at N=2, 4 and 5 at N=3) were further from plain
+    FLUX-layout model (``benchmarks.quality.dit_steps``) such passes (4 steps at N=2, 4 and 5 at N=3) were further from plain
     than plain run with only their full steps; the longer ones were closer."""
     return steps is not None and settings.cache_forecast != "off" and steps <= settings.cache_interval + 2
 

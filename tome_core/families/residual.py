@@ -52,7 +52,7 @@ class ResidualLayout(Layout):
 
     transformer = True
     auto = ("linear", "uniform")
-    """On the trained FLUX-layout model (``benchmarks.dit_fidelity``) the linear forecast on the uniform schedule beat
+    """On the trained FLUX-layout model (``benchmarks.quality.dit_fidelity``) the linear forecast on the uniform schedule beat
     the UNets' calibrated forecast on the time schedule at every matched speed (by 1.2–2.2 dB)."""
 
     def __init__(self, root: nn.Module, lists: list[list[nn.Module]], branch: int):

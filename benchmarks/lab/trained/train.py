@@ -1,0 +1,237 @@
+"""Train one of the small SD-layout models (or the classifier that judges their samples), seeded and reproducible.
+
+    python -m benchmarks.lab.trained.train --model sd15         # ~52 min on one core of the 2-core machine
+    python -m benchmarks.lab.trained.train --model sdxl         # ~52 min (both at once: one core each)
+    python -m benchmarks.lab.trained.train --model classifier   # a few minutes
+    python -m benchmarks.lab.trained.train --model sd15 --steps 3 --out /tmp/x   # a smoke run (CI)
+
+UNets: ε-prediction on SD's 1000-step scaled-linear DDPM schedule (timesteps uniform, MSE on ε), label dropout
+10 % (the empty prompt, so classifier-free guidance works), AdamW with a warm-up and cosine decay, gradient
+clipping, and an exponential moving average of the weights, which is what is shipped (in float16). Every eighth
+batch is drawn at twice the side (a quarter of the images), so that sampling at 2× is in the training
+distribution. Each batch is drawn from ``data.draw`` with a seed derived from the step: the run is a pure
+function of its arguments. Writes ``weights/<model>.safetensors`` and the model card ``weights/<model>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from . import architectures as M
+from . import data, flux
+from .classifier import Classifier
+
+DEFAULT_STEPS = {"sd15": 2300, "sdxl": 2800, "flux": 5000, "classifier": 1500}
+BATCH = 16
+BIG_EVERY = 8  # every 8th step: side x2, batch / 4 (the same number of pixels)
+LABEL_DROPOUT = 0.1
+LR, WARMUP, EMA = 5e-4, 100, 0.999
+
+
+def _batch_seed(seed: int, step: int) -> int:
+    return seed * 1_000_003 + step
+
+
+def _lr(step: int, steps: int) -> float:
+    if step < WARMUP:
+        return LR * (step + 1) / WARMUP
+    return LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - WARMUP) / max(1, steps - WARMUP))))
+
+
+def train_unet(
+    name: str, steps: int, seed: int, log, partial: Path | None = None
+) -> tuple[dict[str, torch.Tensor], dict]:
+    """The EMA weights (float16) after ``steps`` steps, and the run's figures; every 500 steps the EMA so far is
+    written to ``partial`` (to look at samples while it trains)."""
+    arch = M.ARCHITECTURES[name]
+    unet, conditioner = M.build(arch, len(data.CLASSES), seed)
+    ab = M.alphas_cumprod().float()
+
+    def loss(model: nn.Module, x0: torch.Tensor, labels: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        t = torch.randint(M.TIMESTEPS, (len(x0),), generator=gen)
+        noise = torch.randn(x0.shape, generator=gen)
+        a = ab[t].view(-1, 1, 1, 1)
+        xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
+        return (model["unet"](xt, t, **model["conditioner"](labels)) - noise).pow(2).mean()
+
+    model = nn.ModuleDict({"unet": unet, "conditioner": conditioner})
+    return _train(model, loss, arch.size, steps, seed, log, partial)
+
+
+def train_flux(steps: int, seed: int, log, partial: Path | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """The FLUX-layout model (:mod:`.flux`) by rectified flow: the velocity ``ε − x₀`` at a logit-normal time σ."""
+
+    def loss(model: nn.Module, x0: torch.Tensor, labels: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        sigma = torch.sigmoid(torch.randn(len(x0), generator=gen))
+        noise = torch.randn(x0.shape, generator=gen)
+        s = sigma.view(-1, 1, 1, 1)
+        return (model((1 - s) * x0 + s * noise, sigma, labels) - (noise - x0)).pow(2).mean()
+
+    return _train(flux.build(len(data.CLASSES), seed), loss, flux.SIZE, steps, seed, log, partial)
+
+
+def _train(model: nn.Module, loss_of, size: int, steps: int, seed: int, log, partial: Path | None):
+    """The training loop both kinds of model share: batches drawn from the step's seed (every 8th at twice the side),
+    label dropout, AdamW with warm-up and cosine decay, clipping, EMA; ``loss_of(model, x0, labels, generator)``."""
+    model = model.train()
+    ema = copy.deepcopy(model).eval().requires_grad_(False)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(seed)
+    losses: list[float] = []
+    start, cpu = time.perf_counter(), time.process_time()
+    for step in range(steps):
+        big = step % BIG_EVERY == BIG_EVERY - 1
+        side, batch = (2 * size, BATCH // 4) if big else (size, BATCH)
+        x0, labels = data.draw(batch, side, _batch_seed(seed, step))
+        drop = torch.rand(batch, generator=gen) < LABEL_DROPOUT
+        labels = torch.where(drop, torch.full_like(labels, -1), labels)
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, steps)
+        loss = loss_of(model, x0, labels, gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        decay = min(EMA, (1 + step) / (10 + step))
+        with torch.no_grad():
+            for e, p in zip(ema.parameters(), model.parameters()):
+                e.lerp_(p, 1 - decay)
+        losses.append(loss.item())
+        if step % 100 == 99 or step == steps - 1:
+            recent = sum(losses[-100:]) / len(losses[-100:])
+            log(f"step {step + 1}/{steps}  loss {recent:.4f}  {time.perf_counter() - start:.0f} s")
+        if partial is not None and step % 500 == 499:
+            save_file({k: v.half() for k, v in ema.state_dict().items()}, str(partial))
+    tail = losses[-200:]
+    stats = {
+        "steps": steps,
+        "seconds": round(time.perf_counter() - start, 1),
+        "cpu_seconds": round(time.process_time() - cpu, 1),
+        "final_loss": round(sum(tail) / len(tail), 5),
+    }
+    return {k: v.half() for k, v in ema.state_dict().items()}, stats
+
+
+def train_classifier(steps: int, seed: int, log) -> tuple[dict[str, torch.Tensor], dict]:
+    """The judge of the samples: a small CNN on the same distribution (at the trained side; larger images are
+    reduced to it)."""
+    net = Classifier(len(data.CLASSES)).train()
+    opt = torch.optim.AdamW(net.parameters(), lr=2e-3, weight_decay=1e-4)
+    start = time.perf_counter()
+    losses: list[float] = []
+    for step in range(steps):
+        x, labels = data.draw(64, 32, _batch_seed(seed + 7, step))
+        for group in opt.param_groups:
+            group["lr"] = 2e-3 * 0.5 * (1 + math.cos(math.pi * step / steps))
+        loss = nn.functional.cross_entropy(net(x), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if step % 100 == 99 or step == steps - 1:
+            log(f"step {step + 1}/{steps}  loss {sum(losses[-100:]) / len(losses[-100:]):.4f}")
+    net.eval()
+    x, labels = data.draw(2000, 32, seed + 99)  # held out: a seed no training batch used
+    with torch.no_grad():
+        accuracy = (net(x).argmax(1) == labels).float().mean().item()
+    tail = losses[-200:]
+    stats = {
+        "steps": steps,
+        "seconds": round(time.perf_counter() - start, 1),
+        "final_loss": round(sum(tail) / len(tail), 5),
+        "held_out_accuracy": round(accuracy, 4),
+    }
+    return {k: v.half() for k, v in net.state_dict().items()}, stats
+
+
+def model_card(name: str, stats: dict, seed: int, threads: int) -> str:
+    if name == "classifier":
+        what = (
+            "A small CNN (`benchmarks/lab/trained/classifier.py`) that recognises the digit in a "
+            "32 px image of the training distribution; the fidelity benchmark's judge of class accuracy and its "
+            "feature space for the KID-style distance."
+        )
+        arch = "conv 32-64-128 (3×3, GroupNorm, SiLU, stride-2 down), global average pool → 128-d features → 10 logits"
+        recipe = f"AdamW lr 2e-3 cosine, batch 64, {stats['steps']} steps; held-out accuracy {stats['held_out_accuracy']:.1%}"
+    elif name == flux.NAME:
+        layout = flux.__doc__.split("\n\n")[0].split("(issue 26): ", 1)[1]
+        what = " ".join(f"The `{name}` model of `benchmarks/lab/trained/flux.py` (issue 26): {layout}".split())
+        arch = f"diffusers `FluxTransformer2DModel` {json.dumps(flux.CONFIG)}, 2×2 patches of RGB pixels, text {flux.TEXT_DIM} ({M.CONTEXT_TOKENS} tokens per label) and a pooled vector {flux.TEXT_DIM}"
+        recipe = (
+            f"rectified flow (velocity ε − x₀ at a logit-normal time σ), batch {BATCH} at {flux.SIZE} px "
+            f"(every {BIG_EVERY}th batch {BATCH // 4} at {2 * flux.SIZE} px), label dropout {LABEL_DROPOUT:.0%}, "
+            f"AdamW lr {LR:g} (warm-up {WARMUP}, cosine to 10 %), clip 1.0, EMA {EMA} (shipped, float16)"
+        )
+    else:
+        a = M.ARCHITECTURES[name]
+        layout = " ".join(M.__doc__.split("* ``" + name + "``: ")[1].split("\n*")[0].split())
+        what = f"The `{name}` model of `benchmarks/lab/trained/architectures.py`: {layout}"
+        arch = (
+            f"ldm `UNetModel` {json.dumps(a.unet)}, depths {list(a.depths) or 'as built'}, context {a.context_dim} ({M.CONTEXT_TOKENS} tokens per label)"
+            + (f", adm {a.adm_dim}" if a.adm_dim else "")
+        )
+        recipe = (
+            f"ε-prediction, SD's scaled-linear 1000-step schedule, batch {BATCH} at {a.size} px "
+            f"(every {BIG_EVERY}th batch {BATCH // 4} at {2 * a.size} px), label dropout {LABEL_DROPOUT:.0%}, "
+            f"AdamW lr {LR:g} (warm-up {WARMUP}, cosine to 10 %), clip 1.0, EMA {EMA} (shipped, float16)"
+        )
+    return "\n".join(
+        [
+            f"# Model card: `{name}`",
+            "",
+            what,
+            "",
+            f"- Data: `benchmarks/lab/trained/data.py` — digits 0–9 ({len(data.FONTS)} of matplotlib's bundled fonts) over "
+            f"dimmed crops of {len(data.PHOTOS)} photographs bundled in scikit-image, drawn afresh for every batch "
+            "from a seed derived from the step.",
+            f"- Architecture: {arch}.",
+            f"- Training: {recipe}.",
+            f"- Steps: {stats['steps']}; time: {stats.get('cpu_seconds', stats['seconds']) / 60:.1f} min of CPU time with "
+            f"{threads} torch thread(s) on the 2-core machine ({stats['seconds'] / 60:.1f} min of wall time, the other "
+            "core and this one shared with other work); final loss (mean of the last 200 steps): "
+            f"{stats['final_loss']:.4f}.",
+            f"- Reproduce: `python -m benchmarks.lab.trained.train --model {name} --seed {seed}`.",
+            "",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, choices=[*M.ARCHITECTURES, flux.NAME, "classifier"])
+    parser.add_argument("--steps", type=int, help="default: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=M.WEIGHTS, help="folder for the weights and the model card")
+    parser.add_argument("--partial", type=Path, help="UNets: write the EMA so far here every 500 steps")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    M.install_attention()
+    steps = args.steps or DEFAULT_STEPS[args.model]
+
+    def log(text: str) -> None:
+        print(f"[{args.model}] {text}", flush=True)
+
+    if args.model == "classifier":
+        weights, stats = train_classifier(steps, args.seed, log)
+    elif args.model == flux.NAME:
+        weights, stats = train_flux(steps, args.seed, log, args.partial)
+    else:
+        weights, stats = train_unet(args.model, steps, args.seed, log, args.partial)
+    args.out.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(args.out / f"{args.model}.safetensors"), metadata={"stats": json.dumps(stats)})
+    (args.out / f"{args.model}.md").write_text(model_card(args.model, stats, args.seed, args.threads), encoding="utf-8")
+    log(f"wrote {args.out / (args.model + '.safetensors')}: {stats}")
+
+
+if __name__ == "__main__":
+    main()
