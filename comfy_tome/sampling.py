@@ -21,12 +21,14 @@ ControlNet models of the conditioning) for the duration of that patcher's sampli
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+import torch._dynamo
 from torch import nn
 
 from tome_core import run as R
@@ -147,6 +149,9 @@ def _sampler_sample(executor: Any, guider: Any, sigmas: Any, extra_args: dict, c
     run, info = R.Run(request.settings()), {}
     options = extra_args.setdefault("model_options", {}).setdefault("transformer_options", {})
     settings = _with_neighbours(_pass_settings(run, extra_args.get("seed"), noise), options, run, info)
+    settings = _beside_compile(
+        _beside_windows(settings, extra_args["model_options"], run), extra_args["model_options"], run
+    )
     if settings is None:
         _say(run, info)
         return executor(guider, sigmas, extra_args, callback, noise, *args, **kw)
@@ -157,7 +162,8 @@ def _sampler_sample(executor: Any, guider: Any, sigmas: Any, extra_args: dict, c
         raise
     _LIVE[id(model)] = sampling
     try:
-        return executor(guider, sigmas, extra_args, callback, noise, *args, **kw)
+        with compile_limit(extra_args["model_options"], settings):
+            return executor(guider, sigmas, extra_args, callback, noise, *args, **kw)
     finally:
         _LIVE.pop(id(model), None)
         run.note(*sampling.notes())
@@ -169,6 +175,23 @@ def _sampler_sample(executor: Any, guider: Any, sigmas: Any, extra_args: dict, c
         if run.cache_steps_text:
             info[R.CACHE_STEPS_KEY] = run.cache_steps_text
         _say(run, info)
+
+
+COMPILED_RECOMPILE_LIMIT = 64
+"""Dynamo's recompile limit while the cache samples a compiled model (KJNodes' compile nodes set the same)."""
+
+
+def compile_limit(model_options: Mapping[str, Any], settings: ToMeSettings) -> contextlib.AbstractContextManager:
+    """Where the model is compiled (ComfyUI's ``TorchCompileModel`` and KJNodes' nodes keep their kwargs at
+    ``model_options["torch_compile_kwargs"]``) and the cache is on: dynamo's recompile limit raised to
+    :data:`COMPILED_RECOMPILE_LIMIT` for this sampling. The cache's decisions run out of the graph
+    (:mod:`tome_core.compiling`), so a compiled whole model breaks its graph at each skipped module and dynamo compiles
+    the modules one by one: one graph per module class and shape, which a UNet's levels take past the default of 8
+    (an SD1.5 ResBlock: 14), after which they would run uncompiled, quietly. Once compiled, no graph is made again."""
+    if not settings.caches or "torch_compile_kwargs" not in model_options:
+        return contextlib.nullcontext()
+    limit = max(int(torch._dynamo.config.recompile_limit), COMPILED_RECOMPILE_LIMIT)
+    return torch._dynamo.config.patch(recompile_limit=limit)
 
 
 def _calc_cond_batch(executor: Any, model: Any, conds: Any, x_in: Any, timestep: Any, model_options: dict, *a, **kw):
@@ -207,6 +230,46 @@ def _with_neighbours(settings: ToMeSettings | None, options: dict, run: R.Run, i
         run.note(f"step cache off: {others[0]} already skips steps (two caches never both run)")
         settings = settings.replace(cache=False)
     return settings if settings.merges or settings.caches else None
+
+
+MOVING_WINDOWS = ("standard_uniform", "looped_uniform")
+"""ComfyUI's context schedules whose windows move every step: both offset their windows by
+``round(frames * ordered_halving(step))`` (comfy/context_windows.py:395, 417), so a window's frames rarely come back
+at the next steps (looped: 2-16% of windows; standard, whose windows rolling past the end are shifted back: 50-68%,
+and the number of windows changes). ``standard_static`` and ``batched`` give the same windows every step."""
+
+
+COMPILED_NOTE = (
+    "token merging off: the model is compiled (torch.compile), and merging would break its graphs in every block"
+)
+
+
+def _beside_compile(settings: ToMeSettings | None, model_options: Mapping[str, Any], run: R.Run) -> ToMeSettings | None:
+    """Token merging off on a compiled model (``model_options["torch_compile_kwargs"]``: ComfyUI's ``TorchCompileModel``
+    and KJNodes' compile nodes): its hooks at each attention layer run out of any graph, so the graph breaks inside
+    every block and dynamo compiles the host's attention code per block until its recompile limit, after which it runs
+    uncompiled, quietly. The step cache, which breaks the graph only between blocks, stays on."""
+    if settings is None or not settings.merges or "torch_compile_kwargs" not in model_options:
+        return settings
+    run.note(COMPILED_NOTE)
+    settings = settings.replace(ratio=0.0, method="merge")
+    return settings if settings.caches else None
+
+
+def _beside_windows(settings: ToMeSettings | None, model_options: Mapping[str, Any], run: R.Run) -> ToMeSettings | None:
+    """Our cache off under context windows that move every step (``ContextWindowsManual`` /
+    ``WanContextWindowsManual`` put their handler at ``model_options["context_handler"]``, its schedule's ``name``):
+    the cache keys a window's calls by the frames they cover, and those do not come back. Windows that stay (static,
+    batched) are cached, each window its own stream."""
+    if settings is None or not settings.caches:
+        return settings
+    handler = model_options.get("context_handler")
+    name = getattr(getattr(handler, "context_schedule", None), "name", None)
+    if name not in MOVING_WINDOWS:
+        return settings
+    run.note(f"step cache off: context windows {name} move every step")
+    settings = settings.replace(cache=False)
+    return settings if settings.merges else None
 
 
 def take_over_builtin(patches: dict) -> float | None:

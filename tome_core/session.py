@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .caching import ControlFollower, StepCache
+from .compiling import python_only
 from .families import layout_for, transformer_blocks, unet_input
 from .merging import TokenMerger
 from .report import Report
@@ -114,7 +115,10 @@ class Session:
         if self.merger is None and self.cache is None:
             return
         try:
-            self._handles.append(self.root.register_forward_pre_hook(self._root_pre, with_kwargs=True))
+            root_pre = self._root_pre  # out of any graph (:mod:`tome_core.compiling`): it decides per call
+            self._handles.append(
+                self.root.register_forward_pre_hook(python_only(lambda m, a, k: root_pre(m, a, k)), with_kwargs=True)
+            )
             if self.merger is not None:
                 self.merger.install()
             if self.cache is not None:

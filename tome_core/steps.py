@@ -1,11 +1,11 @@
-"""Where a UNet call sits in the sampling: the per-call context that token merging and the step cache share.
+"""Where a call of the model sits in the sampling: the per-call context that token merging and the step cache share.
 
-Every patched UNet call is placed once, in the root's forward pre-hook (:meth:`StepClock.begin`): its latent size
-and batch, its step (from the progress the caller reports with :meth:`StepClock.set_progress`, as the WebUI script
-does every step; else from the call's timestep), its number within that step (cond and uncond called separately,
-or extra guidance passes such as SAG/PAG, each have their own), and Forge's ``cond_or_uncond`` chunk when the host
-says it. A reported progress smaller than the last one, or a timestep larger than the last one, starts a new pass
-(hires fix, img2img, the next generation).
+Every call of a patched model is placed once, in the root's forward pre-hook (:meth:`StepClock.begin`): its latent
+size and batch, its step (from the progress the caller reports with :meth:`StepClock.set_progress`, as the WebUI
+script does every step; else from the call's timestep), its number within that step (cond and uncond called
+separately, or extra guidance passes such as SAG/PAG, each have their own), Forge's ``cond_or_uncond`` chunk when the
+host says it, and the frames of ComfyUI's context window when the call covers one. A reported progress smaller than
+the last one, or a timestep larger than the last one, starts a new pass (hires fix, img2img, the next generation).
 
 With progress reported nothing is read back from the device; without it the timestep is read as a Python number
 (one device-to-host read per call), and only when the caller asks for it.
@@ -38,6 +38,7 @@ class Call:
     step_time: torch.Tensor | float | None = None  # the time of the step's first call (a second-order sampler's
     # later calls of a step run at other times; the step is placed by its first)
     shape: tuple[int, ...] | None = None  # the input's shape without the batch (a video latent's frames too)
+    window: tuple[int, ...] | None = None  # ComfyUI's context window: its dimension, then the frames it covers
 
     @property
     def last(self) -> bool:
@@ -75,6 +76,19 @@ def _chunk(kwargs: dict) -> tuple[int, ...] | None:
     chunk = options.get("cond_or_uncond") if isinstance(options, dict) else None
     try:
         return None if chunk is None else tuple(int(c) for c in chunk)
+    except (TypeError, ValueError):
+        return None
+
+
+def _window(kwargs: dict) -> tuple[int, ...] | None:
+    """The frames a call covers under ComfyUI's context windows: ``transformer_options["context_window"]`` is the
+    call's ``IndexListContextWindow`` (comfy/context_windows.py:273), its ``index_list`` the frame indices along its
+    ``dim``; ``(dim, *index_list)``, or None without one."""
+    options = kwargs.get("transformer_options")
+    window = options.get("context_window") if isinstance(options, dict) else None
+    frames = getattr(window, "index_list", None)
+    try:
+        return None if frames is None else (int(getattr(window, "dim", 0)), *(int(i) for i in frames))
     except (TypeError, ValueError):
         return None
 
@@ -125,6 +139,18 @@ class StepClock:
         steps = self.steps if reported else None
         chunk = _chunk(kwargs)
         self.call = Call(
-            size, batch, progress, key, self._step, self._index, restarted, steps, chunk, time, self._step_time, shape
+            size,
+            batch,
+            progress,
+            key,
+            self._step,
+            self._index,
+            restarted,
+            steps,
+            chunk,
+            time,
+            self._step_time,
+            shape,
+            _window(kwargs),
         )
         return self.call

@@ -21,11 +21,15 @@ N, 2N, …), or N average steps of sampler time (the time schedule), or, with th
 strays from its forecast by more than ``cache_threshold``. A cached step takes the skipped range's result of the
 stream's last full step (``cache_forecast`` off: DeepCache exactly) or its forecast in the sampler's time from the
 last two full steps (linear, or calibrated on the probe). Streams: the calls of a step are told apart
-by their number within the step and Forge's ``cond_or_uncond`` chunk (cond and uncond batched, or separate calls, or
-extra guidance passes), and each keeps its own cache, dropped when its batch or latent size changes; a call that runs
-the blocks more than once (Mikubill's ControlNet runs reference-only's reference pass before the main one) keeps one
-per pass through them. A new sampling pass (hires fix, img2img) starts with none. :meth:`StepCache.report` counts,
-per sampling pass, the steps run in full and cached.
+by their number within the step (under ComfyUI's context windows: by the frames the call covers) and Forge's
+``cond_or_uncond`` chunk (cond and uncond batched, or separate calls, or extra guidance passes), and each keeps its own
+cache, dropped when its batch or latent size changes; a call that runs the blocks more than once (Mikubill's
+ControlNet runs reference-only's reference pass before the main one) keeps one per pass through them. A new sampling
+pass (hires fix, img2img) starts with none. :meth:`StepCache.report` counts, per sampling pass, the steps run in full
+and cached.
+
+Under ``torch.compile`` (the whole model, or its blocks) every decision and all bookkeeping run as Python, out of any
+graph (:mod:`tome_core.compiling`); the blocks themselves are compiled, one graph per block class and shape.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..compiling import opaque, python_only
 from ..families import Layout, PassState
 from ..report import CacheReport, PassCount
 from ..settings import ToMeSettings
@@ -121,27 +126,49 @@ class StepCache:
         try:
             for i, module in enumerate(self.layout.skipped):
                 self._wrap(i, module)
-            self._handles.append(self.layout.start.register_forward_pre_hook(self._pass_pre))
-            self._handles.append(self.layout.entry.register_forward_pre_hook(self._entry_pre, with_kwargs=True))
+            pass_pre, entry_pre = self._pass_pre, self._entry_pre  # out of any graph: they decide and keep per call
+            self._handles.append(self.layout.start.register_forward_pre_hook(python_only(lambda m, a: pass_pre(m, a))))
+            self._handles.append(
+                self.layout.entry.register_forward_pre_hook(
+                    python_only(lambda m, a, k: entry_pre(m, a, k)), with_kwargs=True
+                )
+            )
         except BaseException:
             self.remove()
             raise
 
     def _wrap(self, index: int, module: nn.Module) -> None:
+        """The skipped module's instance ``forward``: under ``torch.compile`` (of the whole model, or of this block) the
+        decision and the bookkeeping run as Python (:func:`~tome_core.compiling.python_only`), out of any graph; only
+        the module's own ``forward`` is compiled, as a frame of its own (:func:`~tome_core.compiling.opaque`): one graph
+        serves every call and step."""
         original = module.forward
 
-        def forward(*args: Any, **kwargs: Any) -> Any:
+        @python_only
+        def before(args: tuple, kwargs: dict) -> tuple[bool, Any]:
+            """(skip, the placeholder) at a cached pass; else (False, whether this full pass keeps the module's call)."""
             if self.skipping:
                 assert self._pass is not None and self.layout is not None
-                return self.layout.placeholder(index, args, kwargs, self._pass)
+                return True, self.layout.placeholder(index, args, kwargs, self._pass)
             keeping = self._pass is not None and not self._cached_call and self.layout is not None
             if keeping:
                 self.layout.enter(index, args, kwargs, self._pass)
+            return False, keeping
+
+        @python_only
+        def after(out: Any, args: tuple, kwargs: dict) -> None:
+            kept = self.layout.keep(index, out, args, kwargs)
+            if kept is not None:
+                self._pass.kept[index] = kept
+
+        @opaque
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            skip, value = before(args, kwargs)
+            if skip:
+                return value
             out = original(*args, **kwargs)
-            if keeping:
-                kept = self.layout.keep(index, out, args, kwargs)
-                if kept is not None:
-                    self._pass.kept[index] = kept
+            if value:
+                after(out, args, kwargs)
             return out
 
         self._originals.append(replace_forward(module, forward))
@@ -184,7 +211,9 @@ class StepCache:
             )
             self._count(call, full=True)
             return
-        key = (call.index, call.chunk)
+        # a context window's calls are told apart by the frames they cover, not by their number in the step: the
+        # windows' order and count may change from step to step (ComfyUI's uniform schedules)
+        key = (call.index, call.chunk) if call.window is None else (call.window, call.chunk)
         stream = self._streams.get(key)
         same = stream is not None and stream.shape == call.shape and stream.batch == call.batch
         fits = same and bool(stream.passes) and all(self._complete(p) for p in stream.passes)

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..compiling import opaque, python_only
 from ..families import control_skipped
 from .cache import StepCache
 from .forwards import Replaced, replace_forward, restore_forwards
@@ -40,18 +41,32 @@ class ControlFollower:
             raise
 
     def _wrap(self, index: int, module: nn.Module) -> None:
+        """As :meth:`StepCache._wrap`: the decision out of any graph, the module's own ``forward`` compiled."""
         original = module.forward
 
-        def forward(*args: Any, **kwargs: Any) -> Any:
+        @python_only
+        def before(args: tuple, kwargs: dict) -> tuple[bool, Any]:
+            """(skip, zeros) on a cached call whose input was seen at a full one; else (False, the input's key)."""
             x = args[0] if args else kwargs.get("x")
             key = (index, tuple(x.shape)) if isinstance(x, torch.Tensor) else None
             if key is not None and self.leader.cached_now and key in self._shapes:
                 self.shortened += 1
                 shape, dtype, device = self._shapes[key]
-                return torch.zeros(shape, dtype=dtype, device=device)
-            out = original(*args, **kwargs)
+                return True, torch.zeros(shape, dtype=dtype, device=device)
+            return False, key
+
+        @python_only
+        def after(key: tuple | None, out: Any) -> None:
             if key is not None and not self.leader.cached_now and isinstance(out, torch.Tensor):
                 self._shapes[key] = (out.shape, out.dtype, out.device)
+
+        @opaque
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            skip, value = before(args, kwargs)
+            if skip:
+                return value
+            out = original(*args, **kwargs)
+            after(value, out)
             return out
 
         self._originals.append(replace_forward(module, forward))

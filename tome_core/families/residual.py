@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ..compiling import unwrap
 from .base import Layout, PassState
 
 
@@ -76,7 +77,7 @@ class ResidualLayout(Layout):
         lists = cls._lists(root)
         if lists is None:
             return None
-        return [id(m) for blocks in lists for m in blocks] + [id(getattr(root, cls.names[-2]))]
+        return [id(unwrap(m)) for blocks in lists for m in blocks] + [id(unwrap(getattr(root, cls.names[-2])))]
 
     @classmethod
     def find(cls, root: nn.Module, branch: int) -> ResidualLayout | None:

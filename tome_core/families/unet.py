@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..compiling import unwrap
 from ..settings import SettingsError
 from ..steps import call_arg
 from .base import Layout, PassState
@@ -102,7 +103,7 @@ def block_layers(block: nn.Module) -> list[nn.Module]:
 def _identity(blocks: tuple[list[nn.Module], nn.Module, list[nn.Module]]) -> list[int]:
     """The identity of every block and of each one's layers, in order: what the cache wrapped and hooked."""
     inputs, middle, outputs = blocks
-    return [id(m) for block in (*inputs, middle, *outputs) for m in (block, *block_layers(block))]
+    return [id(unwrap(m)) for block in (*inputs, middle, *outputs) for m in (block, *block_layers(unwrap(block)))]
 
 
 def _entry_input(args: tuple, kwargs: dict) -> torch.Tensor | None:

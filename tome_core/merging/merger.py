@@ -27,6 +27,9 @@ nothing, so it is bit-identical to the unpatched model.
 Merge plans, and the level and token grid of a block's tokens they are made on, come from
 :class:`~tome_core.merging.planning.Planner` (plan reuse, random partitions from the seed).
 
+Under ``torch.compile`` every hook runs as Python, out of any graph (:mod:`tome_core.compiling`): the merge and unmerge
+run between the compiled parts of a block (its attention, its MLP), never replayed from a graph traced at another step.
+
 Another extension that takes an attention layer over (:mod:`.neighbours`: Hypertile's tiling, Mikubill's
 ControlNet-LLLite, a module that is no attention any more) gets that layer's input as it is, per call, and the
 report says where. A block whose ``attn1``/``attn2``/``ff`` was swapped for another module since the patch was
@@ -43,6 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..compiling import python_only
 from ..families import block_holders
 from ..report import MergeReport
 from ..settings import ToMeSettings
@@ -107,14 +111,23 @@ class TokenMerger:
     # --- hooks ------------------------------------------------------------------------------------
     def install(self) -> None:
         """Register every hook; the caller removes them all (:meth:`remove`) if one fails."""
+        # every hook out of any graph (:mod:`tome_core.compiling`): each decides per call, on Python state
+        holder_pre, holder_post, block_pre, block_post = (
+            self._holder_pre,
+            self._holder_post,
+            self._block_pre,
+            self._block_post,
+        )
         for holder in block_holders(self.root, self._index):
             for block in holder.transformer_blocks:
                 self._holder[id(block)] = id(holder)
-            self._handles.append(holder.register_forward_pre_hook(self._holder_pre, with_kwargs=True))
-            self._handles.append(holder.register_forward_hook(self._holder_post))
+            pre = python_only(lambda m, a, k: holder_pre(m, a, k))
+            self._handles.append(holder.register_forward_pre_hook(pre, with_kwargs=True))
+            self._handles.append(holder.register_forward_hook(python_only(lambda m, a, o: holder_post(m, a, o))))
         for block in self.blocks:
-            self._handles.append(block.register_forward_pre_hook(self._block_pre, with_kwargs=True))
-            self._handles.append(block.register_forward_hook(self._block_post))
+            pre = python_only(lambda m, a, k: block_pre(m, a, k))
+            self._handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
+            self._handles.append(block.register_forward_hook(python_only(lambda m, a, o: block_post(m, a, o))))
             for name, _flag in _TARGETS:
                 self._hook_sub(block, name, getattr(block, name))
 
@@ -126,9 +139,10 @@ class TokenMerger:
             handle.remove()
         handles: list[torch.utils.hooks.RemovableHandle] = []
         self._subs[key] = (sub, handles)
+        sub_post = self._sub_post
         for register in (
-            lambda: sub.register_forward_pre_hook(self._make_sub_pre(block, name), with_kwargs=True),
-            lambda: sub.register_forward_hook(self._sub_post),
+            lambda: sub.register_forward_pre_hook(python_only(self._make_sub_pre(block, name)), with_kwargs=True),
+            lambda: sub.register_forward_hook(python_only(lambda m, a, o: sub_post(m, a, o))),
         ):
             handles.append(register())
             self._handles.append(handles[-1])  # at once: a failure in the next one leaves nothing behind

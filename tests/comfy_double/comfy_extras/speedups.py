@@ -17,6 +17,9 @@ matters here).
   double blurs with an average pool instead of the attention-masked Gaussian.
 - ``PerturbedAttentionGuidance`` (nodes_pag.py:15-55): a post-CFG function calling ``calc_cond_batch`` with a copy of
   the options whose attn1 at ``("middle", 0)`` returns the values.
+- ``TorchCompileModel`` (nodes_torch_compile.py:8-31): the whole ``diffusion_model`` compiled for each ``apply_model``
+  call through ``comfy_api.torch_helpers.set_torch_compile_wrapper`` (the double's ``comfy_api``), with the guard filter
+  that drops every guard on ``transformer_options``; ``COMPILE_BACKEND`` replaces the backend chosen (tests).
 - ``PatchModelAddDownscale`` (nodes_model_downscale.py:8-52): Kohya's Deep Shrink, an input block patch resizing the
   features of ``block_number`` by ``1 / downscale_factor`` while the sigma is in range, an output block patch
   resizing them back.
@@ -335,9 +338,41 @@ class PatchModelAddDownscale:
         return (m,)
 
 
+COMPILE_BACKEND = None
+"""What the double's ``TorchCompileModel`` compiles with instead of the backend chosen (a test's: dynamo's ``"eager"`` or a
+counting backend; inductor takes minutes on a CPU); None: the one chosen."""
+
+
+def skip_torch_compile_dict(guard_entries):
+    """nodes_torch_compile.py:5-6: every dynamo guard whose name mentions ``transformer_options`` is dropped."""
+    return [("transformer_options" not in entry.name) for entry in guard_entries]
+
+
+class TorchCompileModel:
+    """nodes_torch_compile.py:8-31: the whole ``diffusion_model`` compiled (``set_torch_compile_wrapper``, default
+    keys) with the guard filter above."""
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return _model({"backend": (["inductor", "cudagraphs"],)})
+
+    RETURN_TYPES = ("MODEL",)
+    FUNCTION = "execute"
+
+    @classmethod
+    def execute(cls, model, backend):
+        from comfy_api.torch_helpers import set_torch_compile_wrapper
+
+        m = model.clone()
+        options = {"guard_filter_fn": skip_torch_compile_dict}
+        set_torch_compile_wrapper(model=m, backend=COMPILE_BACKEND or backend, options=options)
+        return (m,)
+
+
 NODE_CLASS_MAPPINGS = {
     cls.__name__: cls
     for cls in (
+        TorchCompileModel,
         TomePatchModel,
         HyperTile,
         FreeU,
