@@ -99,3 +99,62 @@ def console(caplog):
     """The console lines ToMe wrote (its logger, INFO and above)."""
     caplog.set_level(logging.INFO, logger="tome_core")
     return lambda: [r.getMessage() for r in caplog.records if r.name == "tome_core"]
+
+
+# --- tiers ---------------------------------------------------------------------------------------------------------
+# Every test gets one tier marker from its module; `pytest -m fast` is the inner loop (the engine, its families and
+# settings: under 3 minutes on two cores), `-m host` the host doubles' whole generations, `-m lab` the benchmarks'
+# commands and trained models. CI runs them all (plain `pytest`). A test of the fast tier slower than about 5 s is
+# marked `slow` by name below and runs in the full suite only.
+
+HOST_MODULES = {
+    "test_cache_hosts",
+    "test_comfy_dit",
+    "test_comfy_host",
+    "test_comfy_neighbours",
+    "test_comfy_nodes",
+    "test_controlnet",
+    "test_controlnet_double",
+    "test_extension",
+    "test_forge_host",
+    "test_host_reads",
+    "test_neighbours_forge",
+    "test_neighbours_neo",
+    "test_neighbours_webui",
+    "test_neo_host",
+    "test_refiner",
+    "test_ui",
+    "test_webui_double",
+}
+LAB_MODULES = {
+    "test_anchors",
+    "test_benchmarks",
+    "test_comfy_benchmark",
+    "test_comfy_builtin",
+    "test_dit_anchors",
+    "test_dit_costs",
+    "test_dit_fidelity",
+    "test_dit_merge",
+    "test_fidelity",
+    "test_flux_model",
+    "test_forecasters",
+    "test_modes",
+    "test_plan_memory",
+    "test_samplers",
+}
+SLOW_FAST_TESTS = {
+    "test_same_seed_bit_identical_across_processes",  # starts another Python process
+    "test_unet_output_equals_tomesd",  # the oracle at 5 sizes up to 2048 px
+}
+
+
+def tier(module: str) -> str:
+    """The tier of a test module: ``host``, ``lab`` or ``fast``."""
+    return "host" if module in HOST_MODULES else "lab" if module in LAB_MODULES else "fast"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(tier(item.module.__name__.rsplit(".", 1)[-1]))
+        if item.originalname in SLOW_FAST_TESTS:
+            item.add_marker("slow")
