@@ -42,13 +42,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..compiling import opaque, python_only
+from ..compiling import python_only
 from ..families import Layout, PassState
 from ..report import CacheReport, PassCount
 from ..settings import ToMeSettings
 from ..steps import Call
 from .forecast import Forecast
-from .forwards import Replaced, replace_forward, restore_forwards
+from .forwards import Replaced, replace_forward, restore_forwards, skippable
 from .schedule import Schedule, too_short
 
 log = logging.getLogger("tome_core")
@@ -142,9 +142,7 @@ class StepCache:
         decision and the bookkeeping run as Python (:func:`~tome_core.compiling.python_only`), out of any graph; only
         the module's own ``forward`` is compiled, as a frame of its own (:func:`~tome_core.compiling.opaque`): one graph
         serves every call and step."""
-        original = module.forward
 
-        @python_only
         def before(args: tuple, kwargs: dict) -> tuple[bool, Any]:
             """(skip, the placeholder) at a cached pass; else (False, whether this full pass keeps the module's call)."""
             if self.skipping:
@@ -155,22 +153,12 @@ class StepCache:
                 self.layout.enter(index, args, kwargs, self._pass)
             return False, keeping
 
-        @python_only
-        def after(out: Any, args: tuple, kwargs: dict) -> None:
-            kept = self.layout.keep(index, out, args, kwargs)
+        def after(keeping: bool, out: Any, args: tuple, kwargs: dict) -> None:
+            kept = self.layout.keep(index, out, args, kwargs) if keeping else None
             if kept is not None:
                 self._pass.kept[index] = kept
 
-        @opaque
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            skip, value = before(args, kwargs)
-            if skip:
-                return value
-            out = original(*args, **kwargs)
-            if value:
-                after(out, args, kwargs)
-            return out
-
+        forward = skippable(module.forward, before, after)
         self._originals.append(replace_forward(module, forward))
 
     def remove(self) -> None:

@@ -8,10 +8,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..compiling import opaque, python_only
 from ..families import control_skipped
 from .cache import StepCache
-from .forwards import Replaced, replace_forward, restore_forwards
+from .forwards import Replaced, replace_forward, restore_forwards, skippable
 
 
 class ControlFollower:
@@ -42,9 +41,7 @@ class ControlFollower:
 
     def _wrap(self, index: int, module: nn.Module) -> None:
         """As :meth:`StepCache._wrap`: the decision out of any graph, the module's own ``forward`` compiled."""
-        original = module.forward
 
-        @python_only
         def before(args: tuple, kwargs: dict) -> tuple[bool, Any]:
             """(skip, zeros) on a cached call whose input was seen at a full one; else (False, the input's key)."""
             x = args[0] if args else kwargs.get("x")
@@ -55,20 +52,11 @@ class ControlFollower:
                 return True, torch.zeros(shape, dtype=dtype, device=device)
             return False, key
 
-        @python_only
-        def after(key: tuple | None, out: Any) -> None:
+        def after(key: tuple | None, out: Any, args: tuple, kwargs: dict) -> None:
             if key is not None and not self.leader.cached_now and isinstance(out, torch.Tensor):
                 self._shapes[key] = (out.shape, out.dtype, out.device)
 
-        @opaque
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            skip, value = before(args, kwargs)
-            if skip:
-                return value
-            out = original(*args, **kwargs)
-            after(value, out)
-            return out
-
+        forward = skippable(module.forward, before, after)
         self._originals.append(replace_forward(module, forward))
 
     def remove(self) -> None:
