@@ -104,7 +104,7 @@ class PatchRegistry:
         return out
 
     def shortfalls(self) -> list[str]:
-        """What the live patches could not merge (:meth:`Patch.report`): each phrase once, whichever model said it."""
+        """What the live patches could not merge (:meth:`Session.report`): each phrase once, whichever model said it."""
         out: list[str] = []
         for root in list(self._roots):
             patch = get_patch(root)

@@ -1,4 +1,4 @@
-"""What a model family tells the step cache (:class:`tome_core.cache.StepCache`) about one model.
+"""What a model family tells the step cache (:class:`tome_core.caching.StepCache`) about one model.
 
 A cached step runs the model's first blocks and its last ones and skips a contiguous range in between; the range's
 result comes from the cache (the forecast of its last full steps, :mod:`tome_core.forecast`). A layout names:
