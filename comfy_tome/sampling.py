@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-import torch._dynamo
 from torch import nn
 
+from tome_core import compiling
 from tome_core import run as R
 from tome_core import settings as S
 from tome_core.families import has_transformer_blocks, layout_for
@@ -148,10 +148,11 @@ def _sampler_sample(executor: Any, guider: Any, sigmas: Any, extra_args: dict, c
         return executor(guider, sigmas, extra_args, callback, noise, *args, **kw)
     run, info = R.Run(request.settings()), {}
     options = extra_args.setdefault("model_options", {}).setdefault("transformer_options", {})
-    settings = _with_neighbours(_pass_settings(run, extra_args.get("seed"), noise), options, run, info)
+    settings = _pass_settings(run, extra_args.get("seed"), noise)
     settings = _beside_compile(
         _beside_windows(settings, extra_args["model_options"], run), extra_args["model_options"], run
     )
+    settings = _with_neighbours(settings, options, run, info)  # the built-in taken over only where ours merges
     if settings is None:
         _say(run, info)
         return executor(guider, sigmas, extra_args, callback, noise, *args, **kw)
@@ -190,8 +191,13 @@ def compile_limit(model_options: Mapping[str, Any], settings: ToMeSettings) -> c
     (an SD1.5 ResBlock: 14), after which they would run uncompiled, quietly. Once compiled, no graph is made again."""
     if not settings.caches or "torch_compile_kwargs" not in model_options:
         return contextlib.nullcontext()
-    limit = max(int(torch._dynamo.config.recompile_limit), COMPILED_RECOMPILE_LIMIT)
-    return torch._dynamo.config.patch(recompile_limit=limit)
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    name = next((n for n in ("recompile_limit", "cache_size_limit") if hasattr(config, n)), None)  # renamed in 2.7
+    if name is None:
+        return contextlib.nullcontext()
+    return config.patch(**{name: max(int(getattr(config, name)), COMPILED_RECOMPILE_LIMIT)})
 
 
 def _calc_cond_batch(executor: Any, model: Any, conds: Any, x_in: Any, timestep: Any, model_options: dict, *a, **kw):
@@ -239,6 +245,9 @@ at the next steps (looped: 2-16% of windows; standard, whose windows rolling pas
 and the number of windows changes). ``standard_static`` and ``batched`` give the same windows every step."""
 
 
+OLD_TORCH_NOTE = (
+    "step cache off: the model is compiled (torch.compile), which needs torch 2.6 or newer beside the cache"
+)
 COMPILED_NOTE = (
     "token merging off: the model is compiled (torch.compile), and merging would break its graphs in every block"
 )
@@ -248,11 +257,16 @@ def _beside_compile(settings: ToMeSettings | None, model_options: Mapping[str, A
     """Token merging off on a compiled model (``model_options["torch_compile_kwargs"]``: ComfyUI's ``TorchCompileModel``
     and KJNodes' compile nodes): its hooks at each attention layer run out of any graph, so the graph breaks inside
     every block and dynamo compiles the host's attention code per block until its recompile limit, after which it runs
-    uncompiled, quietly. The step cache, which breaks the graph only between blocks, stays on."""
-    if settings is None or not settings.merges or "torch_compile_kwargs" not in model_options:
+    uncompiled, quietly. The step cache, which breaks the graph only between blocks, stays on where this torch can keep
+    its decisions out of the graph (:data:`tome_core.compiling.SUPPORTED`: 2.6 and newer), else it stands aside too."""
+    if settings is None or "torch_compile_kwargs" not in model_options:
         return settings
-    run.note(COMPILED_NOTE)
-    settings = settings.replace(ratio=0.0, method="merge")
+    if settings.merges:
+        run.note(COMPILED_NOTE)
+        settings = settings.replace(ratio=0.0, method="merge")
+    if settings.caches and not compiling.SUPPORTED:
+        run.note(OLD_TORCH_NOTE)
+        settings = settings.replace(cache=False)
     return settings if settings.caches else None
 
 

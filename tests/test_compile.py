@@ -116,3 +116,14 @@ def test_token_merging_stands_aside_on_a_compiled_model_and_says_so(console):
     both = sample("sd15", [compiled, ("ToMe", {"ratio": 0.5}), ("ToMeStepCache", CACHE)])
     assert any(line.endswith("ToMe cache steps: 5 full, 3 cached") for line in console()[-2:])
     torch.testing.assert_close(both, sample("sd15", [compiled, ("ToMeStepCache", CACHE)]), rtol=1e-5, atol=1e-5)
+
+
+def test_on_a_compiled_model_the_builtin_token_merging_is_kept_where_ours_stands_aside(console):
+    """Ours stands aside on a compiled model, so ComfyUI's own TomePatchModel on it is left to run (not taken over)."""
+    compiled, builtin = ("TorchCompileModel", {"backend": "inductor"}), ("TomePatchModel", {"ratio": 0.5})
+    torch._dynamo.reset()
+    alone = sample("sd15", [compiled, builtin])
+    torch._dynamo.reset()
+    beside = sample("sd15", [compiled, builtin, ("ToMe", {"ratio": 0.5})])
+    assert not any("ToMe replaced built-in ratio" in line for line in console())
+    torch.testing.assert_close(beside, alone, rtol=1e-5, atol=1e-5)

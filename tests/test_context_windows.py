@@ -35,11 +35,11 @@ def model():
     return WanModel(seed=3).eval().requires_grad_(False)
 
 
-def _steps(model, order, steps=6):
+def _steps(model, order, steps=6, settings=OFF):
     """Each step calls the windows in ``order(step)``; the outputs of window A, step by step."""
     gen = torch.Generator().manual_seed(1)
     x, context = torch.randn(1, 4, 6, 8, 8, generator=gen), torch.randn(1, 5, 32, generator=gen)
-    patch, outs = tome_core.apply_settings(model, OFF), []
+    patch, outs = tome_core.apply_settings(model, settings), []
     try:
         with torch.no_grad():
             for step in range(steps):
@@ -55,12 +55,20 @@ def _steps(model, order, steps=6):
         tome_core.remove_patch(model)
 
 
-def test_a_window_keeps_its_own_stream_when_the_windows_change_order(model):
+def test_a_window_never_gets_another_windows_residual_when_the_windows_change_order(model):
+    """Streams are keyed by the call's number in the step and the frames it covers: where the windows swap order, the
+    window now second finds no stream of its own there and runs in full (keyed by position alone it took the other
+    window's residual); a window kept in place is cached from its own stream."""
     alone, report = _steps(model, lambda step: [A])
     assert report.cached == 2  # steps 1 and 3 (0, 2, 4 full; the last, 5, full)
+    plain, _ = _steps(model, lambda step: [A], settings=OFF.replace(cache=False))
+    assert not torch.equal(alone[1], plain[1])  # a cached step differs from plain here
     swapping, _ = _steps(model, lambda step: [A, B] if step % 2 == 0 else [B, A])
-    for got, expected in zip(swapping, alone):
-        torch.testing.assert_close(got, expected, rtol=0, atol=0)  # never B's residual
+    for got, expected in zip(swapping, plain):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)  # never B's residual: in full where A moved
+    steady, _ = _steps(model, lambda step: [A, B])
+    for got, expected in zip(steady, alone):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)  # in place: cached from its own stream
 
 
 @pytest.mark.parametrize("schedule", ["standard_uniform", "looped_uniform", "standard_static", "batched"])

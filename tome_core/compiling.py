@@ -13,10 +13,11 @@ would be replayed at every step. So:
 - :func:`opaque` (a skipped module's instance ``forward``): the same graph break, but only its own frame runs as Python:
   the module's own ``forward`` it calls is compiled, as a frame of its own, one graph for all the blocks of a class.
 
-Both are marked on the function and its code object, once: outside ``torch.compile`` they cost nothing (dynamo's frame
-hook is not set), and inside it the skip is decided in C from the code object, not per call in Python as
-``torch.compiler.disable(recursive=False)`` does (about 0.3 ms a call on a CPU). Where this torch lacks those marks,
-``torch.compiler.disable`` stands in.
+Both are marked on the function and its code object when a patch is installed: outside ``torch.compile`` they cost
+nothing (dynamo's frame hook is not set), and inside it the skip is decided in C from the code object, not per call in
+Python as ``torch.compiler.disable(recursive=False)`` does (about 0.3 ms a call on a CPU). On a torch without those
+marks (before 2.6) nothing is marked (:data:`SUPPORTED`), so eager runs cost the same; a host that compiles the model
+there must let ToMe stand aside (``comfy_tome``: the step cache off, with a note).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import torch
 from torch import nn
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -32,21 +32,25 @@ F = TypeVar("F", bound=Callable[..., Any])
 try:  # dynamo's per-code-object frame strategy (torch >= 2.6)
     from torch._dynamo.eval_frame import set_code_exec_strategy
     from torch._dynamo.types import FrameAction, FrameExecStrategy
-except ImportError:  # pragma: no cover - older torch
+except Exception:  # older torch (or a dynamo that does not import here): no marks, see SUPPORTED
     set_code_exec_strategy = None
+
+SUPPORTED = set_code_exec_strategy is not None
+"""Whether this torch can keep ToMe's decisions out of a compiled graph (torch 2.6 and newer). Without it the marks
+are left off, so eager runs pay nothing, and a host that compiles the model must let ToMe stand aside."""
 
 
 def _mark(fn: F, recursive: bool) -> F:
-    """``fn`` marked for dynamo (see the module); ``torch.compiler.disable`` where this torch's private API differs."""
+    """``fn`` marked for dynamo (see the module): its code object skipped (and, ``recursive``, what it calls), a traced
+    call of it a graph break. Unmarked where this torch lacks the strategy or its signature differs."""
     if set_code_exec_strategy is not None:
         try:
             strategy = FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP if recursive else FrameAction.DEFAULT)
             set_code_exec_strategy(fn.__code__, strategy)
-        except Exception:  # another torch's signature: the public way, a little slower under compile
-            return torch.compiler.disable(fn, recursive=recursive)
+        except Exception:  # another torch's private API: left unmarked, as on an older torch
+            return fn
         fn._torchdynamo_disable = True  # a traced call of it is a graph break (as for torch.compiler.disable)
-        return fn
-    return torch.compiler.disable(fn, recursive=recursive)
+    return fn
 
 
 def python_only(fn: F) -> F:
@@ -58,6 +62,11 @@ def opaque(fn: F) -> F:
     """Only ``fn``'s own frame (a plain function or closure) runs as Python; under ``torch.compile`` what it calls is
     compiled as frames of their own."""
     return _mark(fn, recursive=False)
+
+
+def python_only_hook(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A hook calling ``method`` (a bound method: its own code cannot be marked per instance) as :func:`python_only`."""
+    return python_only(lambda *args, **kwargs: method(*args, **kwargs))
 
 
 def unwrap(module: Any) -> Any:

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from .caching import ControlFollower, StepCache
-from .compiling import python_only
+from .compiling import python_only_hook
 from .families import layout_for, transformer_blocks, unet_input
 from .merging import TokenMerger
 from .report import Report
@@ -84,11 +84,13 @@ class Session:
         self.clock = StepClock()
         self.forwards = 0  # calls of the root seen
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
-        # the family, recognised once (SettingsError for a cache_branch it lacks, before any hook)
-        self.layout = layout_for(root, settings.cache_branch if settings.caches else 0)
+        blocks = list(transformer_blocks(root)) if settings.merges else []
+        # the family, recognised once where the cache needs its layout or a model with nothing to merge is told apart
+        # (SettingsError for a cache_branch it lacks, before any hook)
+        wanted = settings.caches or (settings.merges and not blocks)
+        self.layout = layout_for(root, settings.cache_branch if settings.caches else 0) if wanted else None
         self.transformer = self.layout is not None and self.layout.transformer
-        blocks = [] if self.transformer or not settings.merges else list(transformer_blocks(root))
-        self.merger = TokenMerger(root, settings, blocks) if blocks else None
+        self.merger = TokenMerger(root, settings, blocks) if blocks and not self.transformer else None
         self.cache = StepCache(root, settings, self.layout) if settings.caches else None
         self.follower = ControlFollower(root, leader) if leader is not None else None  # a control model's
         self._place = self.layout.place if self.layout is not None else unet_input
@@ -115,9 +117,8 @@ class Session:
         if self.merger is None and self.cache is None:
             return
         try:
-            root_pre = self._root_pre  # out of any graph (:mod:`tome_core.compiling`): it decides per call
             self._handles.append(
-                self.root.register_forward_pre_hook(python_only(lambda m, a, k: root_pre(m, a, k)), with_kwargs=True)
+                self.root.register_forward_pre_hook(python_only_hook(self._root_pre), with_kwargs=True)
             )
             if self.merger is not None:
                 self.merger.install()

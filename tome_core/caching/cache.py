@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..compiling import python_only
+from ..compiling import python_only_hook
 from ..families import Layout, PassState
 from ..report import CacheReport, PassCount
 from ..settings import ToMeSettings
@@ -126,12 +126,9 @@ class StepCache:
         try:
             for i, module in enumerate(self.layout.skipped):
                 self._wrap(i, module)
-            pass_pre, entry_pre = self._pass_pre, self._entry_pre  # out of any graph: they decide and keep per call
-            self._handles.append(self.layout.start.register_forward_pre_hook(python_only(lambda m, a: pass_pre(m, a))))
+            self._handles.append(self.layout.start.register_forward_pre_hook(python_only_hook(self._pass_pre)))
             self._handles.append(
-                self.layout.entry.register_forward_pre_hook(
-                    python_only(lambda m, a, k: entry_pre(m, a, k)), with_kwargs=True
-                )
+                self.layout.entry.register_forward_pre_hook(python_only_hook(self._entry_pre), with_kwargs=True)
             )
         except BaseException:
             self.remove()
@@ -199,9 +196,8 @@ class StepCache:
             )
             self._count(call, full=True)
             return
-        # a context window's calls are told apart by the frames they cover, not by their number in the step: the
-        # windows' order and count may change from step to step (ComfyUI's uniform schedules)
-        key = (call.index, call.chunk) if call.window is None else (call.window, call.chunk)
+        # a context window's calls are also told apart by the frames they cover: a window never gets another's residual
+        key = (call.index, call.chunk, call.window)
         stream = self._streams.get(key)
         same = stream is not None and stream.shape == call.shape and stream.batch == call.batch
         fits = same and bool(stream.passes) and all(self._complete(p) for p in stream.passes)

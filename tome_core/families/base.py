@@ -1,7 +1,7 @@
 """What a model family tells the step cache (:class:`tome_core.caching.StepCache`) about one model.
 
 A cached step runs the model's first blocks and its last ones and skips a contiguous range in between; the range's
-result comes from the cache (the forecast of its last full steps, :mod:`tome_core.forecast`). A layout names:
+result comes from the cache (the forecast of its last full steps, :mod:`tome_core.caching.forecast`). A layout names:
 
 * ``start``: the module whose call begins each pass through the blocks;
 * ``skipped``: the modules a cached pass does not compute, in call order (each gets an instance ``forward`` that
@@ -45,7 +45,7 @@ class Layout:
     skipped: list[nn.Module]
     transformer: ClassVar[bool] = False
     """Whether the family is a diffusion transformer's (where token merging does not act: only the step cache; and
-    where the cache stands aside on a pass too short for a forecast, :func:`tome_core.schedule.too_short`, as measured
+    where the cache stands aside on a pass too short for a forecast, :func:`tome_core.caching.schedule.too_short`, as measured
     there; the UNets' few-step passes were not)."""
     auto: ClassVar[tuple[str, str]] = ("calibrated", "time")
     """What ``auto`` means on this family: the forecast and the schedule measured best on it (the UNets')."""

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..compiling import python_only
+from ..compiling import python_only, python_only_hook
 from ..families import block_holders
 from ..report import MergeReport
 from ..settings import ToMeSettings
@@ -112,22 +112,16 @@ class TokenMerger:
     def install(self) -> None:
         """Register every hook; the caller removes them all (:meth:`remove`) if one fails."""
         # every hook out of any graph (:mod:`tome_core.compiling`): each decides per call, on Python state
-        holder_pre, holder_post, block_pre, block_post = (
-            self._holder_pre,
-            self._holder_post,
-            self._block_pre,
-            self._block_post,
-        )
         for holder in block_holders(self.root, self._index):
             for block in holder.transformer_blocks:
                 self._holder[id(block)] = id(holder)
-            pre = python_only(lambda m, a, k: holder_pre(m, a, k))
+            pre = python_only_hook(self._holder_pre)
             self._handles.append(holder.register_forward_pre_hook(pre, with_kwargs=True))
-            self._handles.append(holder.register_forward_hook(python_only(lambda m, a, o: holder_post(m, a, o))))
+            self._handles.append(holder.register_forward_hook(python_only_hook(self._holder_post)))
         for block in self.blocks:
-            pre = python_only(lambda m, a, k: block_pre(m, a, k))
+            pre = python_only_hook(self._block_pre)
             self._handles.append(block.register_forward_pre_hook(pre, with_kwargs=True))
-            self._handles.append(block.register_forward_hook(python_only(lambda m, a, o: block_post(m, a, o))))
+            self._handles.append(block.register_forward_hook(python_only_hook(self._block_post)))
             for name, _flag in _TARGETS:
                 self._hook_sub(block, name, getattr(block, name))
 
@@ -139,10 +133,9 @@ class TokenMerger:
             handle.remove()
         handles: list[torch.utils.hooks.RemovableHandle] = []
         self._subs[key] = (sub, handles)
-        sub_post = self._sub_post
         for register in (
             lambda: sub.register_forward_pre_hook(python_only(self._make_sub_pre(block, name)), with_kwargs=True),
-            lambda: sub.register_forward_hook(python_only(lambda m, a, o: sub_post(m, a, o))),
+            lambda: sub.register_forward_hook(python_only_hook(self._sub_post)),
         ):
             handles.append(register())
             self._handles.append(handles[-1])  # at once: a failure in the next one leaves nothing behind
