@@ -235,6 +235,12 @@ def _with_neighbours(settings: ToMeSettings | None, options: dict, run: R.Run, i
     if others and settings.caches:
         run.note(f"step cache off: {others[0]} already skips steps (two caches never both run)")
         settings = settings.replace(cache=False)
+    return _anything_left(settings)
+
+
+def _anything_left(settings: ToMeSettings) -> ToMeSettings | None:
+    """``settings`` where ToMe still has something to do (merging or caching), else None: the sampling runs without
+    ToMe."""
     return settings if settings.merges or settings.caches else None
 
 
@@ -267,14 +273,14 @@ def _beside_compile(settings: ToMeSettings | None, model_options: Mapping[str, A
     if settings.caches and not compiling.SUPPORTED:
         run.note(OLD_TORCH_NOTE)
         settings = settings.replace(cache=False)
-    return settings if settings.caches else None
+    return _anything_left(settings)
 
 
 def _beside_windows(settings: ToMeSettings | None, model_options: Mapping[str, Any], run: R.Run) -> ToMeSettings | None:
     """Our cache off under context windows that move every step (``ContextWindowsManual`` /
     ``WanContextWindowsManual`` put their handler at ``model_options["context_handler"]``, its schedule's ``name``):
-    the cache keys a window's calls by the frames they cover, and those do not come back. Windows that stay (static,
-    batched) are cached, each window its own stream."""
+    the cache keys a window's calls by their number in the step and the frames they cover, and those do not come back.
+    Windows that stay (static, batched) are cached, each window its own stream."""
     if settings is None or not settings.caches:
         return settings
     handler = model_options.get("context_handler")
@@ -282,8 +288,7 @@ def _beside_windows(settings: ToMeSettings | None, model_options: Mapping[str, A
     if name not in MOVING_WINDOWS:
         return settings
     run.note(f"step cache off: context windows {name} move every step")
-    settings = settings.replace(cache=False)
-    return settings if settings.merges else None
+    return _anything_left(settings.replace(cache=False))
 
 
 def take_over_builtin(patches: dict) -> float | None:

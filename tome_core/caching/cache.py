@@ -21,7 +21,7 @@ N, 2N, …), or N average steps of sampler time (the time schedule), or, with th
 strays from its forecast by more than ``cache_threshold``. A cached step takes the skipped range's result of the
 stream's last full step (``cache_forecast`` off: DeepCache exactly) or its forecast in the sampler's time from the
 last two full steps (linear, or calibrated on the probe). Streams: the calls of a step are told apart
-by their number within the step (under ComfyUI's context windows: by the frames the call covers) and Forge's
+by their number within the step (under ComfyUI's context windows, also by the frames the call covers) and Forge's
 ``cond_or_uncond`` chunk (cond and uncond batched, or separate calls, or extra guidance passes), and each keeps its own
 cache, dropped when its batch or latent size changes; a call that runs the blocks more than once (Mikubill's
 ControlNet runs reference-only's reference pass before the main one) keeps one per pass through them. A new sampling
