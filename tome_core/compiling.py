@@ -1,5 +1,6 @@
 """The patch under ``torch.compile`` (ComfyUI's ``TorchCompileModel`` of the whole diffusion model, KJNodes' compile of
-the transformer blocks only): what dynamo must never trace, and the compiled modules seen through.
+the transformer blocks only): what dynamo must never trace. (The families see through compiled modules:
+:func:`tome_core.families.base.unwrap`.)
 
 Everything that decides or keeps something per call (the root's pre-hook: the step, the stream, whether the call is
 cached; the step cache's hooks; a skipped module's decision, placeholder and bookkeeping) reads and writes Python state
@@ -24,8 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, TypeVar
-
-from torch import nn
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -65,12 +64,7 @@ def opaque(fn: F) -> F:
 
 
 def python_only_hook(method: Callable[..., Any]) -> Callable[..., Any]:
-    """A hook calling ``method`` (a bound method: its own code cannot be marked per instance) as :func:`python_only`."""
-    return python_only(lambda *args, **kwargs: method(*args, **kwargs))
-
-
-def unwrap(module: Any) -> Any:
-    """The module a ``torch.compile`` wrapper (``OptimizedModule``) holds, else ``module`` itself: KJNodes and ComfyUI
-    put compiled blocks into the model's block lists for the length of each call."""
-    inner = getattr(module, "_orig_mod", None)
-    return inner if isinstance(module, nn.Module) and isinstance(inner, nn.Module) else module
+    """``method`` (a bound method, a hook) as :func:`python_only`: its function is marked, for every instance alike
+    (ToMe's hooks never belong in a graph), and the method itself is the hook: no frame in between."""
+    python_only(method.__func__)
+    return method

@@ -68,6 +68,24 @@ class _Stream:
     forecasts: list[Forecast] = field(default_factory=list)
 
 
+@dataclass
+class CacheCall:
+    """The step cache's context of one call of the model: everything its hooks and skipped blocks read and write during
+    that call, made afresh for each call (:meth:`StepCache.begin`), so nothing of one call leaks into the next."""
+
+    call: Call | None = None  # where the call sits in the sampling (step, stream, sampler time)
+    stream: _Stream | None = None  # its stream (None: the cache does not act on this call)
+    cached: bool = False  # the call is a cached one
+    passes: int = 0  # passes through the blocks begun so far
+    running: PassState | None = None  # the pass running now: its record
+    skipping: bool = False  # the pass running now is a cached one
+
+    @property
+    def time(self) -> Any:
+        """The call's sampler time (never read back)."""
+        return None if self.call is None else self.call.time
+
+
 TWO_TIMES_NOTE = "cache schedule uniform: the sampler calls the UNet at two times a step"
 """Said when the time schedule stands down: under a sampler whose steps call the UNet at a second, later time (DPM++
 SDE, DPM++ 2S a, DPM2, Heun) it lost to the uniform schedule (issue 27's sampler table, DPM++ SDE), which runs
@@ -91,12 +109,7 @@ class StepCache:
         self.root = root
         self.layout = layout
         self.settings = settings.resolved(*(self.layout or Layout).auto)  # what ``auto`` means on this model
-        self.skipping = False  # the pass through the blocks running now is a cached one
-        self._cached_call = False  # the call running now is a cached one
-        self._stream: _Stream | None = None  # the stream of the call running now
-        self._pass: PassState | None = None  # its pass through the blocks running now
-        self._passes = 0  # passes through the blocks so far in this call
-        self._time: Any = None  # the sampler time of the call running now
+        self.now = CacheCall()  # the context of the call running now (or the last one)
         self._streams: dict[tuple, _Stream] = {}
         self._steps: list[dict[int, bool]] = []  # per sampling pass: step -> whether a call of it ran in full
         self.make_schedule: Callable[[ToMeSettings], Schedule] = Schedule
@@ -142,18 +155,19 @@ class StepCache:
 
         def before(args: tuple, kwargs: dict) -> tuple[bool, Any]:
             """(skip, the placeholder) at a cached pass; else (False, whether this full pass keeps the module's call)."""
-            if self.skipping:
-                assert self._pass is not None and self.layout is not None
-                return True, self.layout.placeholder(index, args, kwargs, self._pass)
-            keeping = self._pass is not None and not self._cached_call and self.layout is not None
+            now = self.now
+            if now.skipping:
+                assert now.running is not None and self.layout is not None
+                return True, self.layout.placeholder(index, args, kwargs, now.running)
+            keeping = now.running is not None and not now.cached and self.layout is not None
             if keeping:
-                self.layout.enter(index, args, kwargs, self._pass)
+                self.layout.enter(index, args, kwargs, now.running)
             return False, keeping
 
         def after(keeping: bool, out: Any, args: tuple, kwargs: dict) -> None:
             kept = self.layout.keep(index, out, args, kwargs) if keeping else None
             if kept is not None:
-                self._pass.kept[index] = kept
+                self.now.running.kept[index] = kept
 
         forward = skippable(module.forward, before, after)
         self._originals.append(replace_forward(module, forward))
@@ -161,7 +175,7 @@ class StepCache:
     def remove(self) -> None:
         """Restore every wrapped layer's ``forward`` exactly (an instance attribute only if it had one) and remove the
         hooks; a layer whose ``forward`` another extension wrapped since is left to it, our wrapper made inert."""
-        self._begin_call(None, cached=False)
+        self.now = CacheCall()
         self._streams.clear()
         for handle in self._handles:
             handle.remove()
@@ -172,15 +186,14 @@ class StepCache:
     # --- per call ---------------------------------------------------------------------------------------
     def begin(self, call: Call, x: Any = None) -> None:
         """Decide whether the call starting now (on the UNet input ``x``) runs in full or cached (the root's forward
-        pre-hook)."""
-        self._begin_call(None, cached=False)
+        pre-hook): its context (:class:`CacheCall`), made afresh."""
+        self.now = CacheCall(call)
         if not self.usable:
             return
         if call.restarted:
             self._streams.clear()
             self._steps.append({})
             self._two_times = False
-        self._time = call.time
         if self._timed and call.index and not self._two_times and _later_time(call):
             self._two_times = True
             self._note(TWO_TIMES_NOTE)
@@ -203,14 +216,14 @@ class StepCache:
         fits = same and bool(stream.passes) and all(self._complete(p) for p in stream.passes)
         since_full = call.step - stream.last_full if stream is not None else 0
         if fits and stream.schedule.may_cache(call, since_full, x, timed=not self._two_times):
-            self._begin_call(stream, cached=True)
+            self.now = CacheCall(call, stream, cached=True)
             self._cached += 1
             self._count(call, full=False)
             return
         schedule, forecasts = (stream.schedule, stream.forecasts) if same else (self.make_schedule(self.settings), [])
         self._streams[key] = stream = _Stream(call.shape, call.batch, call.step, schedule, forecasts=forecasts)
         schedule.full(call, x)
-        self._begin_call(stream, cached=False)
+        self.now = CacheCall(call, stream)
         self._full += 1
         self._count(call, full=True)
 
@@ -224,11 +237,7 @@ class StepCache:
     @property
     def cached_now(self) -> bool:
         """Whether the call running now (or the last one) is a cached one."""
-        return self._cached_call
-
-    def _begin_call(self, stream: _Stream | None, cached: bool) -> None:
-        self._stream, self._cached_call = stream, cached
-        self._pass, self._passes, self.skipping = None, 0, False
+        return self.now.cached
 
     def _complete(self, record: PassState) -> bool:
         return record.deep and self.layout is not None and len(record.kept) == len(self.layout.skipped)
@@ -236,20 +245,21 @@ class StepCache:
     def _pass_pre(self, module: nn.Module, args: tuple) -> None:
         """A pass through the blocks begins (``input_blocks[0]``'s first layer): its record, and whether it is
         skipped — at a cached call, when the full call had a complete pass of this number (else it runs in full)."""
-        stream, number = self._stream, self._passes
-        self._passes += 1
+        now = self.now
+        stream, number = now.stream, now.passes
+        now.passes += 1
         if stream is None:
-            self._pass, self.skipping = None, False
-        elif self._cached_call:
+            now.running, now.skipping = None, False
+        elif now.cached:
             record = stream.passes[number] if number < len(stream.passes) else None
-            self._pass = record
-            self.skipping = record is not None and self._complete(record)
+            now.running = record
+            now.skipping = record is not None and self._complete(record)
         else:
-            self._pass = PassState()
-            stream.passes.append(self._pass)
+            now.running = PassState()
+            stream.passes.append(now.running)
             while len(stream.forecasts) < len(stream.passes):
                 stream.forecasts.append(Forecast(self.settings.cache_forecast))
-            self.skipping = False
+            now.skipping = False
 
     def _intact(self) -> bool:
         """The model still holds the blocks we wrapped, with our wrappers: another extension may have swapped a block
@@ -261,19 +271,20 @@ class StepCache:
     def _entry_pre(self, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         """The entry of a cached pass: the cached result in place (:meth:`Layout.inject`). In a full pass: keep the
         skipped range's result (:meth:`Layout.features`) on the stream's forecast."""
-        record, layout = self._pass, self.layout
+        now, layout = self.now, self.layout
+        record = now.running
         if record is None or layout is None:
             return None
-        forecast = self._stream.forecasts[self._passes - 1] if self._stream is not None else None
-        if not self.skipping:
-            if not self._cached_call and forecast is not None:
+        forecast = now.stream.forecasts[now.passes - 1] if now.stream is not None else None
+        if not now.skipping:
+            if not now.cached and forecast is not None:
                 found = layout.features(args, kwargs, record)
                 if found is not None:
-                    forecast.add(self._time, *found)
+                    forecast.add(now.time, *found)
                     record.deep = True
             return None
         assert forecast is not None  # a skipped pass had a complete full one
-        deep = forecast.predict(self._time, layout.probe(args, kwargs, record))
+        deep = forecast.predict(now.time, layout.probe(args, kwargs, record))
         assert deep is not None
         out = layout.inject(args, kwargs, record, deep)
         if out is None:

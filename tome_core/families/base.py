@@ -25,6 +25,13 @@ import torch
 from torch import nn
 
 
+def unwrap(module: Any) -> Any:
+    """The module a ``torch.compile`` wrapper (``OptimizedModule``) holds, else ``module`` itself: KJNodes and ComfyUI
+    put compiled blocks into the model's block lists for the length of each call."""
+    inner = getattr(module, "_orig_mod", None)
+    return inner if isinstance(module, nn.Module) and isinstance(inner, nn.Module) else module
+
+
 @dataclass
 class PassState:
     """One pass through the blocks, as the step cache keeps it: what a full pass kept of each skipped module

@@ -20,8 +20,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..compiling import unwrap
-from .base import Layout, PassState
+from .base import Layout, PassState, unwrap
 
 
 def arg(args: tuple, kwargs: dict, position: int, name: str) -> Any:

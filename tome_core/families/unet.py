@@ -25,10 +25,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..compiling import unwrap
 from ..settings import SettingsError
 from ..steps import call_arg
-from .base import Layout, PassState
+from .base import Layout, PassState, unwrap
 
 
 def unet_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[Any, Any]:

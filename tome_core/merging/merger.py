@@ -53,24 +53,11 @@ from ..settings import ToMeSettings
 from ..steps import Call
 from . import merge as tm
 from . import neighbours
-from .planning import Planner
+from .planning import BlockCall, MergeCall, Planner
 
 log = logging.getLogger("tome_core")
 
 _TARGETS = (("attn1", "merge_attn"), ("attn2", "merge_crossattn"), ("ff", "merge_mlp"))
-
-
-@dataclass
-class _BlockCall:
-    """One running transformer block: its input and, once needed, its merge plan."""
-
-    block: nn.Module
-    x: torch.Tensor
-    ordinal: int  # the block's index in ``TokenMerger.blocks``: its plan slot and partition key
-    grid: tuple[int, int] | None = None  # the live h x w of its SpatialTransformer's input, when known
-    plan: tm.MergePlan | None = None
-    planned: bool = False
-    attn1_ran: bool = False
 
 
 @dataclass
@@ -95,15 +82,12 @@ class TokenMerger:
         self.root = root
         self.settings = settings
         self.blocks = blocks
-        self.active = True  # whether the current call is inside the step schedule
-        self.current: _BlockCall | None = None
-        self._active: dict[int, tm.MergePlan] = {}
+        self.now = MergeCall()  # the context of the call running now (or the last one)
         self._warned: set[str] = set()
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         self._subs: dict[tuple[int, str], tuple[nn.Module, list[torch.utils.hooks.RemovableHandle]]] = {}
         self._index = {id(block): i for i, block in enumerate(self.blocks)}
         self._holder: dict[int, int] = {}  # block -> the module holding it (its SpatialTransformer)
-        self._grids: dict[int, tuple[int, int]] = {}  # holder -> h x w of its input while it runs
         self._shortfalls = _Shortfalls()
         self._plans_in_block_pre = settings.method == "merge" and (settings.merge_crossattn or settings.merge_mlp)
         self.planner = Planner(root, settings, self._unfit)
@@ -155,18 +139,18 @@ class TokenMerger:
             handle.remove()
         self._handles.clear()
         self._subs.clear()
-        self.current = None
-        self._active.clear()
-        self._grids.clear()
+        self.now = MergeCall()
 
     def begin(self, call: Call) -> None:
-        """A call of the model starts (placed by the session): the step schedule, and the planner's latent size and
-        partition key."""
-        self.current = None
-        self._active.clear()
-        self._grids.clear()
-        self.active = self._in_schedule(call.progress)
-        self.planner.begin(call)
+        """A call of the model starts (placed by the session): its context (:class:`MergeCall`: the step schedule, the
+        latent size, the partitions' key), made afresh."""
+        self.now = self.planner.begin(call, self.now)
+        self.now.active = self._in_schedule(call.progress)
+
+    @property
+    def active(self) -> bool:
+        """Whether the call running now (or the last one) is inside the step schedule."""
+        return self.now.active
 
     def _in_schedule(self, progress: float | None) -> bool:
         s = self.settings
@@ -185,33 +169,34 @@ class TokenMerger:
         """A SpatialTransformer starts: the grid of its 4-D input is its blocks' token grid for this call."""
         x = args[0] if args else kwargs.get("x")
         if isinstance(x, torch.Tensor) and x.dim() == 4:
-            self._grids[id(holder)] = (int(x.shape[2]), int(x.shape[3]))
+            self.now.grids[id(holder)] = (int(x.shape[2]), int(x.shape[3]))
         else:
-            self._grids.pop(id(holder), None)
+            self.now.grids.pop(id(holder), None)
 
     def _holder_post(self, holder: nn.Module, args: tuple, output: Any) -> None:
-        self._grids.pop(id(holder), None)
+        self.now.grids.pop(id(holder), None)
 
     def _block_pre(self, block: nn.Module, args: tuple, kwargs: dict) -> None:
         self._follow_subs(block)
         x = args[0] if args else kwargs.get("x")
-        ok = self.active and isinstance(x, torch.Tensor) and x.dim() == 3
-        grid = self._grids.get(self._holder.get(id(block), -1))
-        self.current = _BlockCall(block, x, self._index[id(block)], grid) if ok else None
-        if self.current is not None and self._plans_in_block_pre:
-            self._plan(self.current)  # before the block adds into x in place (Forge, ComfyUI)
+        now = self.now
+        ok = now.active and isinstance(x, torch.Tensor) and x.dim() == 3
+        grid = now.grids.get(self._holder.get(id(block), -1))
+        now.block = BlockCall(block, x, self._index[id(block)], grid) if ok else None
+        if now.block is not None and self._plans_in_block_pre:
+            self._plan(now.block)  # before the block adds into x in place (Forge, ComfyUI)
 
     def _block_post(self, block: nn.Module, args: tuple, output: Any) -> None:
-        call, self.current = self.current, None
+        call, self.now.block = self.now.block, None
         if call is not None and not call.attn1_ran and self._acts_on(call, "attn1", call.x.shape[1]):
             self._shortfalls.attn1_skipped.add(self._index[id(block)])
 
-    def _acts_on(self, call: _BlockCall, name: str, num_tokens: int) -> bool:
+    def _acts_on(self, call: BlockCall, name: str, num_tokens: int) -> bool:
         """Whether these settings change ``name`` (``attn1``/``attn2``/``ff``) in a block call of ``num_tokens``
         tokens: merge it (at least one token at a level up to ``max_downsample``) or, for ``attn1``, downsample its
         keys/values (a factor above 1 there)."""
         s = self.settings
-        geometry = self.planner.geometry(num_tokens, call.grid)
+        geometry = self.planner.geometry(num_tokens, call.grid, self.now.size)
         if geometry is None:
             return False
         level = geometry[0]
@@ -220,7 +205,7 @@ class TokenMerger:
         flag = getattr(s, dict(_TARGETS)[name])
         return flag and level <= self.planner.max_downsample(level) and int(num_tokens * s.ratio) > 0
 
-    def _steps_aside(self, call: _BlockCall, name: str, sub: nn.Module, num_tokens: int) -> bool:
+    def _steps_aside(self, call: BlockCall, name: str, sub: nn.Module, num_tokens: int) -> bool:
         """Whether another extension takes this attention call over (:func:`neighbours.taken_over`): then its input
         stays as it is, counted in the report where ToMe would have changed it."""
         reason = None if name == "ff" else neighbours.taken_over(sub)
@@ -234,7 +219,7 @@ class TokenMerger:
                 self._shortfalls.aside.setdefault((_LAYERS[name], reason), set()).add(index)
         return True
 
-    def _reshaped(self, call: _BlockCall, name: str, hidden: torch.Tensor) -> bool:
+    def _reshaped(self, call: BlockCall, name: str, hidden: torch.Tensor) -> bool:
         """Whether an attention patch changed the layer's input from the block's tokens (ComfyUI's HyperTile tiles
         ``attn1``'s queries into the batch, its TomePatchModel merges them): then the call runs as it is, counted in
         the report where ToMe would have changed it."""
@@ -249,8 +234,8 @@ class TokenMerger:
         flag = dict(_TARGETS)[name]
 
         def hook(sub: nn.Module, args: tuple, kwargs: dict):
-            self._active.pop(id(sub), None)
-            call = self.current
+            self.now.plans.pop(id(sub), None)
+            call = self.now.block
             if call is None or call.block is not block:
                 return None
             if name == "attn1":
@@ -268,7 +253,7 @@ class TokenMerger:
             plan = self._plan(call)
             if plan is None:
                 return None
-            self._active[id(sub)] = plan
+            self.now.plans[id(sub)] = plan
             merged = plan.merge(hidden)
             if name == "attn1" and self._own_kv(call, hidden, args, kwargs, "query_only"):
                 args = tuple(merged if t is hidden else t for t in args)
@@ -279,7 +264,7 @@ class TokenMerger:
 
         return hook
 
-    def _own_kv(self, call: _BlockCall, hidden: torch.Tensor, args: tuple, kwargs: dict, kind: str) -> bool:
+    def _own_kv(self, call: BlockCall, hidden: torch.Tensor, args: tuple, kwargs: dict, kind: str) -> bool:
         """Whether ``attn1``'s keys and values come from its input: none given (``context=``/``value=`` or a
         positional context), or the input tensor itself (Forge's ``attn1_patch`` protocol sets both to ``n``).
         Otherwise only the queries may change; that is counted under ``kind`` unless ``attn1`` is
@@ -291,16 +276,16 @@ class TokenMerger:
         return False
 
     def _sub_post(self, sub: nn.Module, args: tuple, output: Any) -> Any:
-        plan = self._active.pop(id(sub), None)
+        plan = self.now.plans.pop(id(sub), None)
         if plan is None or not isinstance(output, torch.Tensor):
             return None
         return plan.unmerge(output)
 
-    def _downsample_kv(self, call: _BlockCall, name: str, args: tuple, kwargs: dict) -> Any:
+    def _downsample_kv(self, call: BlockCall, name: str, args: tuple, kwargs: dict) -> Any:
         if name != "attn1" or not args or not isinstance(args[0], torch.Tensor) or args[0].dim() != 3:
             return None
         hidden = args[0]
-        geometry = self.planner.geometry(hidden.shape[1], call.grid)
+        geometry = self.planner.geometry(hidden.shape[1], call.grid, self.now.size)
         if geometry is None:
             self._unfit(call.ordinal, hidden.shape[1])
             return None
@@ -314,11 +299,11 @@ class TokenMerger:
             kwargs["value"] = down  # (Forge's CrossAttention then takes the values from ``context``)
         return args[:1], kwargs
 
-    def _plan(self, call: _BlockCall) -> tm.MergePlan | None:
+    def _plan(self, call: BlockCall) -> tm.MergePlan | None:
         """The block call's merge plan, made (or reused) once per call."""
         if not call.planned:
             call.planned = True
-            call.plan = self.planner.plan(call.x, call.ordinal, call.grid)
+            call.plan = self.planner.plan(self.now, call)
         return call.plan
 
     def _unfit(self, ordinal: int, num_tokens: int) -> None:
@@ -326,7 +311,7 @@ class TokenMerger:
         self._shortfalls.unfit.add(ordinal)
         self._warn_once(
             "geometry",
-            f"ToMe: a block with {num_tokens} tokens does not fit the latent size {self.planner.size}; it runs unmerged",
+            f"ToMe: a block with {num_tokens} tokens does not fit the latent size {self.now.size}; it runs unmerged",
         )
 
     # --- what was not merged ----------------------------------------------------------------------

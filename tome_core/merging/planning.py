@@ -12,7 +12,8 @@ one step are numbered, so separate cond and uncond calls each reuse their own pl
 partition is drawn from a generator seeded from the settings' seed, the step's key and the block: the same in every
 process, shared by the cond and uncond calls of one step, never from global RNG state.
 
-:class:`~tome_core.merging.merger.TokenMerger` owns one :class:`Planner` and feeds it each UNet call (:meth:`Planner.begin`).
+:class:`~tome_core.merging.merger.TokenMerger` owns one :class:`Planner`, which starts each UNet call's
+:class:`MergeCall` (:meth:`Planner.begin`): token merging's per-call context.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -58,6 +60,33 @@ def _bits(value: float | None) -> int:
 
 
 @dataclass
+class BlockCall:
+    """One running transformer block: its input and, once needed, its merge plan."""
+
+    block: nn.Module
+    x: torch.Tensor
+    ordinal: int  # the block's index in ``TokenMerger.blocks``: its plan slot and partition key
+    grid: tuple[int, int] | None = None  # the live h x w of its SpatialTransformer's input, when known
+    plan: tm.MergePlan | None = None
+    planned: bool = False
+    attn1_ran: bool = False
+
+
+@dataclass
+class MergeCall:
+    """Token merging's context of one call of the model: everything the hooks of that call read and write, made afresh
+    for each call (:meth:`Planner.begin`), so nothing of one call leaks into the next."""
+
+    call: Call | None = None  # where the call sits in the sampling (step, call in step)
+    size: tuple[int, int] | None = None  # the latent size: the call's, or the last one known
+    key: int = 0  # the key of its random partitions (``use_rand``)
+    active: bool = True  # inside the step schedule
+    block: BlockCall | None = None  # the transformer block running now
+    grids: dict[int, tuple[int, int]] = field(default_factory=dict)  # SpatialTransformer -> h x w while it runs
+    plans: dict[int, Any] = field(default_factory=dict)  # attention/MLP module running now -> its plan to unmerge
+
+
+@dataclass
 class _CachedPlan:
     step: int  # step index at which the plan was computed
     plan: tm.MergePlan
@@ -70,24 +99,19 @@ class Planner:
     def __init__(self, root: nn.Module, settings: ToMeSettings, on_unfit: Callable[[int, int], None]):
         self.settings = settings
         self.on_unfit = on_unfit
-        self.size: tuple[int, int] | None = None  # the latent size of the call running now (or the last known)
         self.auto_downsample = _auto_downsample(root)
         self.plans_computed = 0  # merge plans computed so far (plan reuse is measured by it)
         self.freeze_plans = False  # measurement aid: reuse every cached plan forever (the benchmark's "limit")
-        self.forward_key = 0  # the call's key of its random partitions (``use_rand``)
-        self._call: Call | None = None
         self._partitions: dict[tuple, tm.Partition] = {}
         self._plans: dict[tuple, _CachedPlan] = {}
 
-    def begin(self, call: Call) -> None:
-        """A UNet call starts: its latent size, its partitions' key; a new pass drops the plans kept for reuse."""
-        self._call = call
-        if call.size is not None:
-            self.size = call.size
+    def begin(self, call: Call, before: MergeCall) -> MergeCall:
+        """A UNet call starts (``before``: the last one's context): its context, with its latent size and its
+        partitions' key; a new pass drops the plans kept for reuse."""
         if call.restarted and not self.freeze_plans:
             self._plans.clear()
-        if self.settings.use_rand:
-            self.forward_key = _mix(max(self.settings.seed, 0), _bits(call.key))
+        key = _mix(max(self.settings.seed, 0), _bits(call.key)) if self.settings.use_rand else 0
+        return MergeCall(call, call.size if call.size is not None else before.size, key)
 
     # --- levels ---------------------------------------------------------------------------------
     def highest_level(self, level_downsample: int) -> int:
@@ -110,27 +134,17 @@ class Planner:
         base = self.highest_level(downsample)
         return max(1, self.settings.downsample_factor * base // max(downsample, base))
 
-    def geometry(self, num_tokens: int, grid: tuple[int, int] | None) -> Geometry | None:
-        """``(downsample, h, w)`` of a block call's ``num_tokens`` tokens: its live ``grid`` if that has as many
-        tokens, with the level of :meth:`_level_of`; else the level of the latent size with that many tokens; None
-        if neither fits."""
-        if grid is not None and grid[0] * grid[1] == num_tokens and self.size is not None:
-            return (self._level_of(grid), *grid)
-        if self.size is not None:
-            for level in level_sizes(*self.size):
+    def geometry(self, num_tokens: int, grid: tuple[int, int] | None, size: tuple[int, int] | None) -> Geometry | None:
+        """``(downsample, h, w)`` of a block call's ``num_tokens`` tokens in a latent of ``size``: its live ``grid`` if
+        that has as many tokens, with the level of :meth:`_level_of`; else the level of the latent size with that many
+        tokens; None if neither fits."""
+        if grid is not None and grid[0] * grid[1] == num_tokens and size is not None:
+            return (_level_of(grid, size), *grid)
+        if size is not None:
+            for level in level_sizes(*size):
                 if level[1] * level[2] == num_tokens:
                     return level
         return None
-
-    def _level_of(self, grid: tuple[int, int]) -> int:
-        """The downsample of a live grid: the latent-size level of that size, else (features resized inside the
-        UNet) the power of two nearest to the latent-to-grid ratio by area (at least 1)."""
-        assert self.size is not None
-        for downsample, h, w in level_sizes(*self.size):
-            if (h, w) == grid:
-                return downsample
-        ratio = math.sqrt(self.size[0] * self.size[1] / max(grid[0] * grid[1], 1))
-        return 2 ** max(0, round(math.log2(ratio)))
 
     # --- plans ----------------------------------------------------------------------------------
     @property
@@ -139,28 +153,29 @@ class Planner:
         s = self.settings
         return self.freeze_plans or s.share_plan or s.plan_interval > 1
 
-    def plan(self, x: torch.Tensor, ordinal: int, grid: tuple[int, int] | None) -> tm.MergePlan | None:
-        """The merge plan of block ``ordinal``'s input ``x`` in the call running now: computed, or reused."""
+    def plan(self, now: MergeCall, block: BlockCall) -> tm.MergePlan | None:
+        """The merge plan of ``block``'s input in the call ``now``: computed, or reused."""
+        x, ordinal = block.x, block.ordinal
         if not self.reuses:
-            return self._make(x, ordinal, grid)
+            return self._make(now, block)
         s = self.settings
         n, b = x.shape[1], x.shape[0]
         slot = ("level", n) if s.share_plan else ("block", ordinal)
-        call_in_step = self._call.index if self._call is not None else 0
+        call_in_step = now.call.index if now.call is not None else 0
         key = (0 if self.freeze_plans else call_in_step, *slot)
         cached = self._plans.get(key)
         fits = cached is not None and cached.plan.num_tokens == n and cached.plan.batch == b
-        step = self._call.step if self._call is not None else 0
+        step = now.call.step if now.call is not None else 0
         if fits and (self.freeze_plans or step - cached.step < s.plan_interval):
             return cached.plan
-        plan = self._make(x, ordinal, grid)
+        plan = self._make(now, block)
         if plan is not None:
             self._plans[key] = _CachedPlan(step, plan)
         return plan
 
-    def _make(self, x: torch.Tensor, ordinal: int, grid: tuple[int, int] | None) -> tm.MergePlan | None:
-        s = self.settings
-        geometry = self.geometry(x.shape[1], grid)
+    def _make(self, now: MergeCall, block: BlockCall) -> tm.MergePlan | None:
+        s, x, ordinal = self.settings, block.x, block.ordinal
+        geometry = self.geometry(x.shape[1], block.grid, now.size)
         if geometry is None:
             self.on_unfit(ordinal, x.shape[1])
             return None
@@ -170,21 +185,31 @@ class Planner:
         r = int(x.shape[1] * s.ratio)
         if r <= 0:
             return None
-        part = self._partition(h, w, x.device, ordinal)
+        part = self._partition(h, w, x.device, ordinal, now.key)
         if part.dst.numel() == 0:
             return None
         self.plans_computed += 1
         return tm.plan_merge(x, part, r)
 
-    def _partition(self, h: int, w: int, device: torch.device, ordinal: int) -> tm.Partition:
+    def _partition(self, h: int, w: int, device: torch.device, ordinal: int, key: int) -> tm.Partition:
         s = self.settings
         if not s.use_rand:
             key = (h, w, s.sx, s.sy, device)
             if key not in self._partitions:
                 self._partitions[key] = tm.make_partition(h, w, s.sx, s.sy, None, device)
             return self._partitions[key]
-        generator = torch.Generator().manual_seed(_mix(self.forward_key, ordinal))
+        generator = torch.Generator().manual_seed(_mix(key, ordinal))
         return tm.make_partition(h, w, s.sx, s.sy, generator, device)
+
+
+def _level_of(grid: tuple[int, int], size: tuple[int, int]) -> int:
+    """The downsample of a live grid in a latent of ``size``: the latent-size level of that size, else (features resized
+    inside the UNet) the power of two nearest to the latent-to-grid ratio by area (at least 1)."""
+    for downsample, h, w in level_sizes(*size):
+        if (h, w) == grid:
+            return downsample
+    ratio = math.sqrt(size[0] * size[1] / max(grid[0] * grid[1], 1))
+    return 2 ** max(0, round(math.log2(ratio)))
 
 
 def _auto_downsample(root: nn.Module) -> int | None:
