@@ -8,11 +8,11 @@ import torch
 from benchmarks.lab.models import (
     REAL,
     Holder,
-    _feed_one_context_to_every_block,
     install_sdp_attention,
     install_unet_cat_hijack,
     make_real_unet,
     make_unet,
+    one_context_per_block,
     photo_latents,
     reinit_zero_modules,
 )
@@ -21,11 +21,11 @@ from tome_core.steps import Call
 __all__ = [
     "REAL",
     "Holder",
-    "_feed_one_context_to_every_block",
     "install_sdp_attention",
     "install_unet_cat_hijack",
     "make_real_unet",
     "make_unet",
+    "one_context_per_block",
     "photo_latents",
     "reinit_zero_modules",
     "rel",

@@ -188,7 +188,7 @@ def test_control_models_lookup_ignores_other_scripts_and_missing_network(webui, 
 
 def test_sdxl_layout_control_model_merges_at_its_first_attention_level_and_removes_cleanly():
     """cldm.ControlNet for SDXL: transformer blocks at downsample 2 and 4 only, depth 2."""
-    from models import _feed_one_context_to_every_block, install_sdp_attention, photo_latents
+    from models import install_sdp_attention, one_context_per_block, photo_latents
 
     install_sdp_attention()
     with torch.random.fork_rng(devices=[]):
@@ -201,7 +201,7 @@ def test_sdxl_layout_control_model_merges_at_its_first_attention_level_and_remov
             transformer_depth=(0, 2, 2),
             num_heads=2,
         )
-    _feed_one_context_to_every_block(net)
+    one_context_per_block(net)
     cnd.reinit_zero_layers(net, seed=1, scale=0.5)
     net.eval()
     call = dict(

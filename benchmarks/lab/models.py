@@ -69,7 +69,7 @@ def reinit_zero_modules(model: nn.Module, seed: int = 0, scale: float = 0.05) ->
     return model
 
 
-def _feed_one_context_to_every_block(unet: nn.Module) -> None:
+def one_context_per_block(unet: nn.Module) -> None:
     """sgm's SpatialTransformer gives one context to each block of a deep transformer; this ldm wants a
     list. Subclass (same name, same submodules) the deep ones so that SDXL-like layouts run."""
     from ldm.modules.attention import SpatialTransformer as LdmSpatialTransformer
@@ -126,7 +126,7 @@ def make_unet(
         torch.manual_seed(seed)
         unet = UNetModel(**cfg)
     if layout == "sdxl":
-        _feed_one_context_to_every_block(unet)
+        one_context_per_block(unet)
     return reinit_zero_modules(unet, seed).eval().requires_grad_(False)
 
 

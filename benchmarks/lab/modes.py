@@ -124,6 +124,11 @@ def cached(
     return Mode(name, label, settings, tags=mode.tags, per_seed=threshold is not None, family=family)
 
 
+def _threshold_sweep(family: str, label: str, rule, thresholds: tuple[float, ...], note: str = "") -> list[Mode]:
+    """An anchor cache at each of its ``thresholds``: modes ``<family>-<t>``, labelled ``<label> <t><note>``."""
+    return [Mode(f"{family}-{t:g}", f"{label} {t:g}{note}", rule=partial(rule, t), family=family) for t in thresholds]
+
+
 CACHE = (
     *(cached(PLAIN, n) for n in (2, 3, 5)),
     *(cached(m, 3) for m in TOME if m.name in ("exact-0.3", "exact-0.5", "todo-2")),
@@ -164,33 +169,9 @@ FRONTIER = (
     *(cached(PLAIN, 10, forecast="linear", threshold=t) for t in ADAPTIVE_THRESHOLDS),
     *(cached(_TODO, 10, forecast="linear", threshold=t) for t in ADAPTIVE_THRESHOLDS[1:]),
     *DEFAULTS,
-    *(
-        Mode(
-            f"fbcache-{t:g}",
-            f"First Block Cache {t:g}",
-            rule=partial(anchors.FirstBlockCache, t),
-            family="fbcache",
-        )
-        for t in (0.02, 0.05, 0.1, 0.2)
-    ),
-    *(
-        Mode(
-            f"teacache-{t:g}",
-            f"TeaCache {t:g} (no polynomial)",
-            rule=partial(anchors.TeaCacheInput, t),
-            family="teacache",
-        )
-        for t in (0.05, 0.1, 0.15, 0.2)
-    ),
-    *(
-        Mode(
-            f"easycache-{t:g}",
-            f"EasyCache {t:g}",
-            rule=partial(anchors.EasyCache, t),
-            family="easycache",
-        )
-        for t in (0.02, 0.05, 0.1, 0.2)
-    ),
+    *_threshold_sweep("fbcache", "First Block Cache", anchors.FirstBlockCache, (0.02, 0.05, 0.1, 0.2)),
+    *_threshold_sweep("teacache", "TeaCache", anchors.TeaCacheInput, (0.05, 0.1, 0.15, 0.2), " (no polynomial)"),
+    *_threshold_sweep("easycache", "EasyCache", anchors.EasyCache, (0.02, 0.05, 0.1, 0.2)),
     Mode("spectrum", "Spectrum (Neo's defaults, window 2)", rule=anchors.Spectrum, family="spectrum"),
     *(
         Mode(

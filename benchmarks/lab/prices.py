@@ -144,30 +144,28 @@ def _median(values: list[float]) -> float:
 # --- modes whose steps were counted in the run ----------------------------------------------------------------------
 
 
-def _step_costs(layout: str, runs=None):
-    """The step-cache benchmark's real-width costs at 1024 px for ``layout``, or None."""
+def _real_1024(run: str, record, layout: str, runs=None):
+    """The record (``record(**data)``) of ``run``'s real-width measurement at 1024 px for ``layout``, or None."""
     try:
-        results, _ = load_run_data("cache-cpu", runs or RUNS)
+        results, _ = load_run_data(run, runs or RUNS)
     except FileNotFoundError:
         return None
     for data in results:
-        costs = StepCosts(**data)
-        if costs.config.get("real") and costs.config["layout"] == layout and costs.config["px"] == 1024:
-            return costs
+        found = record(**data)
+        if found.config.get("real") and found.config["layout"] == layout and found.config["px"] == 1024:
+            return found
     return None
+
+
+def _step_costs(layout: str, runs=None):
+    """The step-cache benchmark's real-width costs at 1024 px for ``layout``, or None."""
+    return _real_1024("cache-cpu", StepCosts, layout, runs)
 
 
 def _extra_costs(layout: str, runs=None):
     """``benchmarks.speed.cache_costs``' real-width costs at 1024 px for ``layout`` (kind → seconds), or None."""
-    try:
-        results, _ = load_run_data("cache-costs-cpu", runs or RUNS)
-    except FileNotFoundError:
-        return None
-    for data in results:
-        extra = ExtraCosts(**data)
-        if extra.config.get("real") and extra.config["layout"] == layout and extra.config["px"] == 1024:
-            return {kind: extra.cost(kind) for kind in extra.seconds}
-    return None
+    extra = _real_1024("cache-costs-cpu", ExtraCosts, layout, runs)
+    return None if extra is None else {kind: extra.cost(kind) for kind in extra.seconds}
 
 
 def priced(layout: str, name: str, counts: dict[str, int], runs=None) -> float | None:

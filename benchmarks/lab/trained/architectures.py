@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from benchmarks.lab.models import one_context_per_block
 from benchmarks.lab.sampling import TIMESTEPS, alphas_cumprod
 
 __all__ = ["TIMESTEPS", "alphas_cumprod"]
@@ -125,25 +126,8 @@ def build(arch: Architecture, classes: int, seed: int = 0) -> tuple[nn.Module, C
         for module in unet.modules():
             if isinstance(module, SpatialTransformer) and module.in_channels in levels:
                 module.transformer_blocks = module.transformer_blocks[: levels[module.in_channels]]
-        _one_context_per_block(unet)
+        one_context_per_block(unet)
     return unet, conditioner
-
-
-def _one_context_per_block(unet: nn.Module) -> None:
-    """sgm's SpatialTransformer gives one context to each block of a deep transformer; this ldm wants a list (one
-    per block) and indexes it by block. Give every transformer a forward that repeats the context (same class
-    name and submodules, so state_dict keys and ToMe's view of the blocks are unchanged)."""
-    from ldm.modules.attention import SpatialTransformer as Ldm
-
-    class SpatialTransformer(Ldm):
-        def forward(self, x, context=None):
-            if not isinstance(context, list):
-                context = [context] * len(self.transformer_blocks)
-            return super().forward(x, context=context)
-
-    for module in unet.modules():
-        if type(module) is Ldm:
-            module.__class__ = SpatialTransformer
 
 
 def install_attention() -> None:
