@@ -149,19 +149,15 @@ DEFAULTS = (
 calibrated forecast with the adaptive schedule: ours on the matched-speed tables again."""
 FRONTIER = (
     cached(PLAIN, 4),
-    Mode(
-        "deepcache-nonuniform-3",
-        "DeepCache non-uniform 1:3 (quadratic, centre 30 %)",
-        {"ratio": 0.0, "cache": True, "cache_interval": 10, "cache_forecast": "off"},
-        full_steps=lambda n: anchors.quadratic_full_steps(n, n // 3, 0.3 * n),
-        family="deepcache-nonuniform",
-    ),
-    Mode(
-        "deepcache-nonuniform-5",
-        "DeepCache non-uniform 1:5 (quadratic, centre 30 %)",
-        {"ratio": 0.0, "cache": True, "cache_interval": 10, "cache_forecast": "off"},
-        full_steps=lambda n: anchors.quadratic_full_steps(n, n // 5, 0.3 * n),
-        family="deepcache-nonuniform",
+    *(
+        Mode(
+            f"deepcache-nonuniform-{k}",
+            f"DeepCache non-uniform 1:{k} (quadratic, centre 30 %)",
+            {"ratio": 0.0, "cache": True, "cache_interval": 10, "cache_forecast": "off"},
+            full_steps=lambda n, k=k: anchors.quadratic_full_steps(n, n // k, 0.3 * n),
+            family="deepcache-nonuniform",
+        )
+        for k in (3, 5)
     ),
     *(cached(PLAIN, n, forecast="linear") for n in (2, 3, 4, 5)),
     *(cached(_TODO, n, forecast="linear") for n in (3, 4, 5)),
