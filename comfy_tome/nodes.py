@@ -47,10 +47,11 @@ class ToMeStepCache:
 
     @classmethod
     def INPUT_TYPES(cls) -> dict[str, Any]:
-        return inputs.input_types(inputs.cache_fields(), "The model to cache steps of (the one given is unchanged).")
+        types = inputs.input_types(inputs.cache_fields(), "The model to cache steps of (the one given is unchanged).")
+        return {**types, "hidden": {"unique_id": "UNIQUE_ID"}}  # where the node shows how the cache ran
 
-    def patch(self, model: Any, **settings: Any) -> tuple[Any]:
-        return (sampling.attach(model, "cache", settings),)
+    def patch(self, model: Any, unique_id: str | None = None, **settings: Any) -> tuple[Any]:
+        return (sampling.attach(model, "cache", settings, node=unique_id),)
 
 
 NODE_CLASS_MAPPINGS = {"ToMe": ToMe, "ToMeStepCache": ToMeStepCache}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -53,6 +54,7 @@ class Request:
 
     merge: Mapping[str, Any] | None = None
     cache: Mapping[str, Any] | None = None
+    cache_node: str | None = None  # the ToMeStepCache node's id, where the UI shows how the cache ran
 
     def settings(self) -> ToMeSettings:
         """The validated settings of a sampling with this request: without a ``ToMe`` node the cache alone (ratio 0),
@@ -62,13 +64,15 @@ class Request:
         return S.from_dict({"enabled": True, **merge, **cache})
 
 
-def attach(model: Any, part: str, given: Mapping[str, Any]) -> Any:
+def attach(model: Any, part: str, given: Mapping[str, Any], node: str | None = None) -> Any:
     """A clone of the model patcher ``model`` carrying this node's settings (``part``: "merge" or "cache") beside what
-    earlier ToMe nodes of the chain asked for (a second node of the same kind replaces the first's), and the wrappers.
-    Bad settings raise :class:`SettingsError` (said in the console as ``ToMe error``) and nothing is cloned."""
+    earlier ToMe nodes of the chain asked for (a second node of the same kind replaces the first's), and the wrappers;
+    ``node``: the ToMeStepCache node's id. Bad settings raise :class:`SettingsError` (said in the console as ``ToMe
+    error``) and nothing is cloned."""
     from comfy.patcher_extension import WrappersMP
 
-    request = dataclasses.replace(model.get_attachment(KEY) or Request(), **{part: dict(given)})
+    node_id = {"cache_node": node} if part == "cache" else {}
+    request = dataclasses.replace(model.get_attachment(KEY) or Request(), **{part: dict(given)}, **node_id)
     try:
         settings = request.settings()
         unet = find_unet(getattr(model, "model", None))
@@ -175,7 +179,10 @@ def _sampler_sample(executor: Any, guider: Any, sigmas: Any, extra_args: dict, c
             run.count_cache(cache.passes)
         if run.cache_steps_text:
             info[R.CACHE_STEPS_KEY] = run.cache_steps_text
+        if run.cache_speed_text:
+            info[R.CACHE_SPEED_KEY] = run.cache_speed_text
         _say(run, info)
+        _show(request.cache_node, run)
 
 
 COMPILED_RECOMPILE_LIMIT = 64
@@ -342,6 +349,29 @@ def control_models(conds: Mapping[str, Any] | None) -> list[nn.Module]:
                     out.append(module)
                 control = getattr(control, "previous_controlnet", None)
     return out
+
+
+def _show(node: str | None, run: R.Run) -> None:
+    """How the cache ran, as the text under the ToMeStepCache node (ComfyUI's ``PromptServer.send_progress_text``,
+    server.py:1214, as its own image nodes do): the steps, the speed-up they imply, the notes. Nothing without a
+    server (a script) or a node id."""
+    lines = [
+        f"{key}: {value}"
+        for key, value in (
+            (R.CACHE_STEPS_KEY, run.cache_steps_text),
+            (R.CACHE_SPEED_KEY, run.cache_speed_text),
+            (R.NOTE_KEY, run.note_text),
+        )
+        if value
+    ]
+    server = getattr(sys.modules.get("server"), "PromptServer", None)
+    instance = getattr(server, "instance", None)
+    if node is None or instance is None or not lines:
+        return
+    try:
+        instance.send_progress_text("\n".join(lines), node)
+    except Exception as error:  # the UI's text is a courtesy: never fail a sampling for it
+        log.warning(f"ToMe: could not show the cache's steps on its node: {error}")
 
 
 def _say(run: R.Run, info: Mapping[str, Any]) -> None:

@@ -287,6 +287,8 @@ def _write_note(p: Any, run: R.Run) -> None:
         p.extra_generation_params[R.NOTE_KEY] = run.note_text
     if run.cache_steps_text is not None:
         p.extra_generation_params[R.CACHE_STEPS_KEY] = run.cache_steps_text
+    if run.cache_speed_text is not None:
+        p.extra_generation_params[R.CACHE_SPEED_KEY] = run.cache_speed_text
 
 
 def _unpatch(run: R.Run) -> None:

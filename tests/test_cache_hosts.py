@@ -26,6 +26,7 @@ import tome_core
 from tome_core import run as R
 from tome_core import settings as S
 from tome_core.caching.schedule import uniform_plan
+from tome_core.families import layout_for
 from webui_tome import extension as ext
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,6 +106,9 @@ def test_the_hires_pass_starts_a_fresh_cache_with_its_own_interval(webui, sd_mod
     assert spy.cached == [*cached_schedule(4, 2), *cached_schedule(4, 3)] == [F, C, F, F, F, C, C, F]
     assert [s.cache_interval for s in spy.calls] == [2] * 4 + [3] * 4
     assert 'ToMe cache steps: "3 full, 1 cached; hires 2 full, 2 cached"' in res.infotexts[0]
+    share = [layout_for(sd_model.model.diffusion_model, 0).skipped_share(size) for size in ((8, 8), (12, 12))]
+    speed = f"{4 / (3 + (1 - share[0])):.2f}x; hires {4 / (2 + 2 * (1 - share[1])):.2f}x"
+    assert f"ToMe cache speed-up: {speed}," in res.infotexts[0]  # what those steps imply for the UNet's blocks
 
 
 @pytest.mark.parametrize("forecast", ["off", "linear"])

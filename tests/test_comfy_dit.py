@@ -8,12 +8,14 @@ from pathlib import Path
 import comfy_harness as ch
 import execution
 import pytest
+import server
 import torch
 from test_cache_hosts import untouched
 
 import tome_core
 from tome_core import run as R
 from tome_core import settings as S
+from tome_core.families import layout_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = dict(width=64, height=64, steps=6)  # 8x8 latents: 16 image tokens
@@ -51,11 +53,23 @@ def direct(settings: dict, steps: int = 6) -> torch.Tensor:
         handle.remove()
 
 
+def implied(module: torch.nn.Module, full: int, cached: int) -> str:
+    """The speed-up ``full`` and ``cached`` steps imply on a transformer (its blocks' share a cached step skips)."""
+    share = layout_for(module, 0).skipped_share(None)
+    return f"{(full + cached) / (full + cached * (1 - share)):.2f}x"
+
+
 def test_the_step_cache_node_caches_flux_steps_as_the_core_does_and_leaves_the_plain_image(console):
     plain = sample()
     cache = {"cache_interval": 3, "cache_forecast": "linear", "cache_schedule": "uniform"}
     cached = sample([("ToMeStepCache", cache)])
-    assert console()[-1].endswith("ToMe cache steps: 3 full, 3 cached")
+    speed = implied(model(), 3, 3)
+    assert console()[-1].endswith(f"ToMe cache steps: 3 full, 3 cached, ToMe cache speed-up: {speed}")
+    # and under the node ("10": the first patch node), as ComfyUI's own nodes show text
+    assert server.PromptServer.instance.texts[-1] == (
+        "10",
+        f"ToMe cache steps: 3 full, 3 cached\nToMe cache speed-up: {speed}",
+    )
     assert torch.equal(cached, direct({"ratio": 0.0, "cache": True, **cache}))
     assert not torch.equal(cached, plain) and (cached - plain).abs().max() < 0.25 * plain.abs().max()
     assert untouched(model()) and torch.equal(sample(), plain)
@@ -102,7 +116,7 @@ def test_wan_video_with_cfg_is_cached_per_stream_and_the_plain_video_follows(con
     finally:
         handle.remove()
     assert seen == [(2, 16, 2, 8, 8)] * 6  # cond and uncond batched, two latent frames
-    assert console()[-1].endswith("ToMe cache steps: 3 full, 3 cached")
+    assert console()[-1].endswith(f"ToMe cache steps: 3 full, 3 cached, ToMe cache speed-up: {implied(module, 3, 3)}")
     assert not torch.equal(cached, plain) and (cached - plain).abs().max() < 0.25 * plain.abs().max()
     assert untouched(module) and torch.equal(wan(), plain)
 
@@ -148,7 +162,7 @@ def test_wan_2_2s_two_experts_each_start_with_a_fresh_cache(console, steps, each
     }
     ch.run(wf)
     reported = [line for line in console() if "ToMe cache steps" in line]
-    assert [line.rsplit("ToMe cache steps: ", 1)[1] for line in reported] == each
+    assert [line.rsplit("ToMe cache steps: ", 1)[1].split(", ToMe cache speed-up")[0] for line in reported] == each
     short = "step cache off: 4 steps are too few to forecast at cache_interval 2 (from 5)"
     assert (short in console()[-1]) == (steps == 8)
     assert untouched(ch.base_model("wan").diffusion_model) and untouched(ch.base_model("wan_low").diffusion_model)

@@ -17,6 +17,7 @@ import tome_core
 from tome_core import run as R
 from tome_core import settings as S
 from tome_core.caching.schedule import uniform_plan
+from tome_core.families import layout_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZE = dict(width=64, height=64)  # 8x8 latents: 64 tokens at the first level
@@ -121,9 +122,12 @@ def test_chaining_both_nodes_gives_merging_and_the_cache_as_cache_true_does(orde
     expected = direct({"ratio": 0.4, "cache": True, "cache_interval": 2})
     settings = S.from_dict({"cache": True, "cache_interval": 2})
     assert torch.equal(both, expected) and [c for *_, c in calls.seen] == uniform_plan(settings, 4)
+    share = layout_for(unet(), 0).skipped_share((8, 8))  # the blocks' work a cached step skips on 8x8 latents
+    assert 0.5 < share < 1
     assert console()[-1] == (
         "ToMe: True, ToMe ratio: 0.4, ToMe seed: 1, ToMe cache: True, ToMe cache interval: 2, "
-        "ToMe cache forecast: auto, ToMe cache schedule: auto, ToMe cache steps: 3 full, 1 cached"
+        "ToMe cache forecast: auto, ToMe cache schedule: auto, ToMe cache steps: 3 full, 1 cached, "
+        f"ToMe cache speed-up: {4 / (3 + (1 - share)):.2f}x"
     )
 
 

@@ -14,9 +14,23 @@ class PassCount:
     full: int = 0
     cached: int = 0
     skipped: int = 0  # steps that ran no block at all (no schedule of this cache skips a whole step)
+    work: float | None = None
+    """The work of the model's blocks in the pass, in full steps (a cached step counts as the share of the blocks it
+    still runs: :meth:`tome_core.families.Layout.skipped_share`); None where unknown."""
 
     def to_dict(self) -> dict[str, int]:
         return {"full": self.full, "cached": self.cached, "skipped": self.skipped}
+
+    @property
+    def speedup(self) -> float | None:
+        """The speed-up of the model's blocks these steps imply: steps over their work; None where unknown."""
+        steps = self.full + self.cached + self.skipped
+        return steps / self.work if self.work and steps else None
+
+    def __add__(self, other: PassCount) -> PassCount:
+        """Two models' counts in one pass (the refiner switched in): their steps and work added."""
+        work = None if self.work is None or other.work is None else self.work + other.work
+        return PassCount(self.full + other.full, self.cached + other.cached, self.skipped + other.skipped, work)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ ERROR_KEY = "ToMe error"
 NOTE_KEY = "ToMe note"
 BUILTIN_KEY = "ToMe replaced built-in ratio"
 CACHE_STEPS_KEY = "ToMe cache steps"
+CACHE_SPEED_KEY = "ToMe cache speed-up"
 
 
 def seed_for(settings: ToMeSettings, image_seed: int | None) -> int:
@@ -55,10 +56,8 @@ class Run:
     def count_cache(self, counts: Iterable[PassCount]) -> None:
         """Add what the step cache ran to the current pass (the refiner's model, switched in mid-pass, adds its part)."""
         for c in counts:
-            old = self.cache_steps.get(self.pass_name, PassCount())
-            self.cache_steps[self.pass_name] = PassCount(
-                old.full + c.full, old.cached + c.cached, old.skipped + c.skipped
-            )
+            old = self.cache_steps.get(self.pass_name)
+            self.cache_steps[self.pass_name] = c if old is None else old + c
 
     @property
     def cache_steps_text(self) -> str | None:
@@ -68,6 +67,18 @@ class Run:
         for name, c in self.cache_steps.items():
             text = f"{c.full} full, {c.cached} cached" + (f", {c.skipped} skipped" if c.skipped else "")
             parts.append(text if name == "first" else f"{name} {text}")
+        return "; ".join(parts) or None
+
+    @property
+    def cache_speed_text(self) -> str | None:
+        """The ``ToMe cache speed-up`` infotext value: what the cached steps imply for the model's blocks, e.g.
+        ``2.21x; hires 1.85x`` (estimated from the blocks' work: :meth:`tome_core.families.Layout.skipped_share`);
+        None when no pass cached a step."""
+        parts = []
+        for name, c in self.cache_steps.items():
+            if c.cached and c.speedup is not None:
+                text = f"{c.speedup:.2f}x"
+                parts.append(text if name == "first" else f"{name} {text}")
         return "; ".join(parts) or None
 
     @property

@@ -17,6 +17,7 @@ import functools
 import controlnet_double
 import execution
 import nodes
+import server
 import tiny_models
 import torch
 from bfl_flux_double import Flux as BflFluxDouble
@@ -54,6 +55,7 @@ def start(*custom_nodes: str) -> None:
     """A fresh start: the built-in nodes, the checkpoints, a ControlNet and a LoRA each for SD1.5 and FLUX, then each
     custom node folder."""
     nodes.init_builtin_nodes()
+    server.PromptServer()  # main.py starts the server before it loads the nodes
     model_management.unload_all_models()
     model_management.interrupt_current_processing(False)
     for kind in ("sd15", "sd15b", "sdxl", "flux", "flux1", "wan", "wan_low"):

@@ -105,6 +105,9 @@ def execute(prompt: dict) -> dict[str, tuple]:
         for name, value in node["inputs"].items():  # undeclared inputs are kept for the cache key, never passed on
             if name in declared:
                 kwargs[name] = run(value[0])[value[1]] if isinstance(value, list) else value
+        for name, kind in spec.get("hidden", {}).items():  # get_input_data (l.196-206): the node's own id
+            if kind == "UNIQUE_ID":
+                kwargs[name] = node_id
         try:
             outputs[node_id] = getattr(cls(), cls.FUNCTION)(**kwargs)
         except model_management.InterruptProcessingException:

@@ -112,6 +112,8 @@ class StepCache:
         self.now = CacheCall()  # the context of the call running now (or the last one)
         self._streams: dict[tuple, _Stream] = {}
         self._steps: list[dict[int, bool]] = []  # per sampling pass: step -> whether a call of it ran in full
+        self._sizes: list[tuple[int, int] | None] = []  # per sampling pass: its latent size
+        self._shares: dict[tuple[int, int] | None, float] = {}  # latent size -> what a cached pass skips of the work
         self.make_schedule: Callable[[ToMeSettings], Schedule] = Schedule
         """Makes each stream's schedule (a benchmark may put another rule of the same interface here)."""
         self.short_passes = False
@@ -193,6 +195,7 @@ class StepCache:
         if call.restarted:
             self._streams.clear()
             self._steps.append({})
+            self._sizes.append(call.size)
             self._two_times = False
         if self._timed and call.index and not self._two_times and _later_time(call):
             self._two_times = True
@@ -231,6 +234,7 @@ class StepCache:
         """Count the call's step in its sampling pass: full if any of its calls ran in full."""
         if not self._steps:
             self._steps.append({})
+            self._sizes.append(call.size)
         steps = self._steps[-1]
         steps[call.step] = steps.get(call.step, False) or full
 
@@ -294,8 +298,19 @@ class StepCache:
 
     # --- reporting -------------------------------------------------------------------------------------
     def report(self) -> CacheReport:
-        passes = tuple(PassCount(sum(s.values()), len(s) - sum(s.values())) for s in self._steps if s)
-        return CacheReport(self._full, self._cached, tuple(self._notes), passes)
+        """The calls run in full and cached, each sampling pass's steps and their work (:class:`PassCount`), the notes."""
+        passes = []
+        for steps, size in zip(self._steps, self._sizes):
+            if steps:
+                full, cached = sum(steps.values()), len(steps) - sum(steps.values())
+                passes.append(PassCount(full, cached, work=full + cached * (1 - self._share(size))))
+        return CacheReport(self._full, self._cached, tuple(self._notes), tuple(passes))
+
+    def _share(self, size: tuple[int, int] | None) -> float:
+        """The share of the blocks' work a cached pass skips at latent ``size`` (0 where no family knows the model)."""
+        if size not in self._shares:
+            self._shares[size] = 0.0 if self.layout is None else self.layout.skipped_share(size)
+        return self._shares[size]
 
     def cached_features(self) -> list[torch.Tensor]:
         """The deep features held now, one per stream and pass (the last full step's: what cached passes feed their

@@ -32,6 +32,22 @@ def unwrap(module: Any) -> Any:
     return inner if isinstance(module, nn.Module) and isinstance(inner, nn.Module) else module
 
 
+_PER_CALL = ("emb", "mod", "norm")
+"""Names of the layers that run once a call, not once a position: a ResBlock's time embedding (``emb_layers``), the
+adaptive norms' modulation (diffusers' ``norm1.linear``, BFL's ``img_mod``/``modulation``)."""
+
+
+def weights(module: nn.Module) -> int:
+    """The weights of ``module``'s linear and convolution layers that run at every position (not its per-call
+    modulation and embedding layers): a block's multiply-adds per position, attention's own products aside."""
+    return sum(
+        layer.weight.numel()
+        for name, layer in module.named_modules()
+        if isinstance(layer, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))
+        and not any(word in name for word in _PER_CALL)
+    )
+
+
 @dataclass
 class PassState:
     """One pass through the blocks, as the step cache keeps it: what a full pass kept of each skipped module
@@ -60,6 +76,12 @@ class Layout:
     @classmethod
     def find(cls, root: nn.Module, branch: int) -> Layout | None:
         """The layout of ``root`` if it is of this family, else None; ``SettingsError`` for a ``branch`` it lacks."""
+        raise NotImplementedError
+
+    def skipped_share(self, size: tuple[int, int] | None) -> float:
+        """The share of a full pass's work through the blocks that a cached pass skips (0 to 1) for a call of latent
+        ``size`` (:attr:`tome_core.steps.Call.size`), estimated from the blocks' weights and the positions each runs at:
+        what the speed a host reports is made of."""
         raise NotImplementedError
 
     def intact(self) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from .base import Layout, PassState, unwrap
+from .base import Layout, PassState, unwrap, weights
 
 
 def arg(args: tuple, kwargs: dict, position: int, name: str) -> Any:
@@ -85,6 +85,12 @@ class ResidualLayout(Layout):
 
     def intact(self) -> bool:
         return self._modules(self.root) == self._identity
+
+    def skipped_share(self, size: tuple[int, int] | None) -> float:
+        """Every block runs over the same tokens, so its share of the work is its share of the blocks' weights."""
+        lists = self._lists(self.root) or []
+        total = sum(weights(unwrap(m)) for blocks in lists for m in blocks)
+        return sum(weights(unwrap(m)) for m in self.skipped) / total if total else 0.0
 
     # --- what a subclass says of its model and reads from its host's calls ---------------------------------
     def split(self, lists: list[list[nn.Module]], branch: int) -> tuple[nn.Module, list[nn.Module]]:

@@ -27,7 +27,7 @@ from torch import nn
 
 from ..settings import SettingsError
 from ..steps import call_arg
-from .base import Layout, PassState, unwrap
+from .base import Layout, PassState, unwrap, weights
 
 
 def unet_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[Any, Any]:
@@ -105,6 +105,29 @@ def _identity(blocks: tuple[list[nn.Module], nn.Module, list[nn.Module]]) -> lis
     return [id(unwrap(m)) for block in (*inputs, middle, *outputs) for m in (block, *block_layers(unwrap(block)))]
 
 
+def _levels(blocks: tuple[list[nn.Module], nn.Module, list[nn.Module]]) -> list[tuple[nn.Module, int]]:
+    """Every block with its level (0: the latent's resolution; each level halves it): an input block after one that
+    holds a ``Downsample`` runs a level deeper, the middle block at the deepest, an output block after one that holds
+    an ``Upsample`` a level shallower."""
+    inputs, middle, outputs = blocks
+    out, level = [], 0
+    for block in inputs:
+        out.append((block, level))
+        level += any(type(m).__name__ == "Downsample" for m in unwrap(block).modules())
+    out.append((middle, level))
+    for block in outputs:
+        out.append((block, level))
+        level -= any(type(m).__name__ == "Upsample" for m in unwrap(block).modules())
+    return out
+
+
+def _width(block: nn.Module) -> int:
+    """The width of a transformer block's self-attention (its queries' features)."""
+    norm = getattr(block, "norm1", None)
+    shape = getattr(norm, "normalized_shape", None)
+    return int(shape[0]) if shape else 0
+
+
 def _entry_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
     x = args[0] if args else kwargs.get("x")
     return x if isinstance(x, torch.Tensor) and x.dim() == 4 else None
@@ -126,6 +149,8 @@ class UNetLayout(Layout):
         self.skipped = [layer for block in skipped_blocks for layer in block_layers(block)]
         self._below = len(self.skipped) - 1  # the skipped layer whose output enters the entry block
         self._identity = _identity(blocks)
+        self._skipped_blocks = {id(b) for b in skipped_blocks}
+        self._blocks = blocks
 
     @classmethod
     def find(cls, root: nn.Module, branch: int) -> UNetLayout | None:
@@ -135,6 +160,19 @@ class UNetLayout(Layout):
     def intact(self) -> bool:
         blocks = unet_blocks(self.root)
         return blocks is not None and _identity(blocks) == self._identity
+
+    def skipped_share(self, size: tuple[int, int] | None) -> float:
+        """A block's work: its weights times its positions (a quarter at each level deeper) and, for a latent of known
+        ``size``, its self-attentions' products (two of positions² × width each: at the latent's resolution they
+        outweigh the layers)."""
+        positions = size[0] * size[1] if size is not None else 0
+        work = []
+        for block, level in _levels(self._blocks):
+            n = positions / 4**level
+            attention = sum(2 * n * _width(t) for t in unwrap(block).modules() if is_transformer_block(t))
+            work.append((id(block), weights(unwrap(block)) / 4**level + attention))
+        total = sum(w for _, w in work)
+        return sum(w for key, w in work if key in self._skipped_blocks) / total if total else 0.0
 
     def place(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[Any, Any]:
         return unet_input(module, args, kwargs)
