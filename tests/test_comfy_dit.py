@@ -122,26 +122,22 @@ def test_wan_video_with_cfg_is_cached_per_stream_and_the_plain_video_follows(con
 
 
 @pytest.mark.parametrize(
-    "steps, each",
+    "steps, each, warmup",
     [
-        (12, ["4 full, 2 cached"] * 2),
-        (8, ["4 full, 0 cached"] * 2),  # 4 steps an expert at N=2: its cached step could only reuse the first
+        (12, ["4 full, 2 cached"] * 2, {}),
+        (8, ["4 full, 0 cached"] * 2, {}),  # 4 steps an expert at N=2: its cached step could only reuse the first
+        # a warm-up per expert: cache_start is a share of each expert's own steps (0, 1/6, 2/6 < 0.34: full)
+        (12, ["5 full, 1 cached"] * 2, {"cache_start": 0.34}),
     ],
 )
-def test_wan_2_2s_two_experts_each_start_with_a_fresh_cache(console, steps, each):
+def test_wan_2_2s_two_experts_each_start_with_a_fresh_cache(console, steps, each, warmup):
     """Wan 2.2: the high-noise expert samples the first steps, the low-noise expert (another model) the rest, each
-    with the step cache: each pass begins with full steps of its own; a pass too short for a forecast runs in full
-    and says so (a 4-step lightx2v chain of 2 + 2 alike)."""
-    wf = ch.txt2img(
-        "wan",
-        [("ToMeStepCache", {"cache_interval": 2, "cache_schedule": "uniform"})],
-        **{**SIZE, "length": 5, "cfg": 5.0},
-    )
+    with the step cache: each pass begins with full steps of its own (``cache_start``: as many as asked, per expert);
+    a pass too short for a forecast runs in full and says so (a 4-step lightx2v chain of 2 + 2 alike)."""
+    cache = {"cache_interval": 2, "cache_schedule": "uniform", **warmup}
+    wf = ch.txt2img("wan", [("ToMeStepCache", cache)], **{**SIZE, "length": 5, "cfg": 5.0})
     wf["12"] = {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "wan_low"}}
-    wf["13"] = {
-        "class_type": "ToMeStepCache",
-        "inputs": {"model": ["12", 0], "cache_interval": 2, "cache_schedule": "uniform"},
-    }
+    wf["13"] = {"class_type": "ToMeStepCache", "inputs": {"model": ["12", 0], **cache}}
     base = {k: v for k, v in wf["5"]["inputs"].items() if k not in ("seed", "denoise")}
     passes = {"noise_seed": 1, "return_with_leftover_noise": "enable", "steps": steps}
     wf["5"] = {
