@@ -55,6 +55,7 @@ ADVANCED: tuple[tuple[str, ...], ...] = (
     ("cache_interval", "hires_cache_interval"),
     ("cache_start", "cache_end", "cache_branch"),
     ("cache_forecast", "cache_schedule", "cache_threshold"),
+    ("cache_device",),
 )
 """Rows of the closed "Advanced" accordion inside: every other setting."""
 LAYOUT = FIRST_VIEW + ADVANCED

@@ -340,6 +340,7 @@ def test_xyz_axis_labels_never_change():
         "[ToMe] Cache forecast",
         "[ToMe] Cache schedule",
         "[ToMe] Cache threshold",
+        "[ToMe] Cache device",
     ]
 
 

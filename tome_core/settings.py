@@ -17,6 +17,7 @@ DOWNSAMPLE_CHOICES: tuple[str, ...] = ("1", "2", "4", "8", "auto")
 METHOD_CHOICES: tuple[str, ...] = ("merge", "downsample")
 FORECAST_CHOICES: tuple[str, ...] = ("off", "linear", "calibrated", "auto")
 SCHEDULE_CHOICES: tuple[str, ...] = ("uniform", "adaptive", "time", "auto")
+CACHE_DEVICE_CHOICES: tuple[str, ...] = ("model", "cpu")
 AUTO = "auto"
 """The value of ``cache_forecast`` / ``cache_schedule`` that the model's family resolves (:meth:`ToMeSettings.resolved`):
 the one measured best on its kind of model."""
@@ -345,6 +346,14 @@ class ToMeSettings:
         maximum=1.0,
         step=0.005,
         hint="adaptive schedule only: how far (relative L1) the UNet's input may stray from its forecast before a full step; lower is more faithful and slower, 0 makes every step full.",
+    )
+    cache_device: str = _spec(
+        "model",
+        kind="choice",
+        label="Cache device",
+        infotext="ToMe cache device",
+        choices=CACHE_DEVICE_CHOICES,
+        hint="Where the cache keeps what it carries between steps (the skipped blocks' result and its change: two per stream, about 0.8 GB each for Wan 14B at 720p x 81 frames). model (the default): on the model's device. cpu: in CPU memory, copied back (non-blocking) as each cached step begins; the same image, less GPU memory, a copy per cached step.",
     )
 
     def __post_init__(self) -> None:

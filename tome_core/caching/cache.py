@@ -124,6 +124,7 @@ class StepCache:
         self._notes: list[str] = []
         self._warned: set[str] = set()
         self._timed = self.settings.cache_schedule == "time"
+        self._store = torch.device("cpu") if self.settings.cache_device == "cpu" else None  # where forecasts keep
         self._two_times = False  # this pass's steps call the UNet at two times (the time schedule stands down)
         if self.layout is None:
             self._notes.append("step cache off: the cache does not know this model's blocks")
@@ -258,11 +259,13 @@ class StepCache:
             record = stream.passes[number] if number < len(stream.passes) else None
             now.running = record
             now.skipping = record is not None and self._complete(record)
+            if now.skipping and number < len(stream.forecasts):
+                stream.forecasts[number].fetch()  # features kept on the CPU start back now, ahead of the probe
         else:
             now.running = PassState()
             stream.passes.append(now.running)
             while len(stream.forecasts) < len(stream.passes):
-                stream.forecasts.append(Forecast(self.settings.cache_forecast))
+                stream.forecasts.append(Forecast(self.settings.cache_forecast, self._store))
             now.skipping = False
 
     def _intact(self) -> bool:

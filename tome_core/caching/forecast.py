@@ -20,6 +20,11 @@ From the last full step's features ``d1`` and the change ``d1 - d0`` since the f
 While only one full step is known (the first cached steps of a pass) every forecast is ``d1``. The probe is taken on
 every 4th position per side (1/16 of it), so the calibration costs two dot products on a small tensor per cached
 step, and nothing is read back from the device.
+
+``cache_device: cpu`` keeps ``d1`` and ``d1 - d0`` (what a forecast holds that is as large as the features) in CPU
+memory between steps: copied there without blocking as a full step keeps them (pinned memory, from a GPU), and back
+to the features' device as a cached pass begins (:meth:`Forecast.fetch`), ahead of the blocks that run before the
+forecast is needed; copies are exact, so the forecast is the same bits. The time and the subsampled probe stay.
 """
 
 from __future__ import annotations
@@ -40,10 +45,13 @@ REACH = (0.0, 2.0)
 class Forecast:
     """One stream's deep features over its full steps, and their forecast at a cached step (see the module)."""
 
-    def __init__(self, forecast: str) -> None:
+    def __init__(self, forecast: str, store: torch.device | None = None) -> None:
         if forecast not in FORECAST_CHOICES or forecast == AUTO:
             raise ValueError(f"forecast {forecast!r}: one of {FORECAST_CHOICES} but {AUTO!r} (a family resolves it)")
         self.forecast = forecast
+        self.store = store  # where the features and their change are kept between steps (None: where they were made)
+        self.device: torch.device | None = None  # where they were made, and are wanted back
+        self._fetched: tuple[torch.Tensor, torch.Tensor | None] | None = None  # both back there, for the next predict
         self.time: torch.Tensor | None = None  # the last full step's time (0-d, float32, on the features' device)
         self.deep: torch.Tensor | None = None  # its deep features
         self.change: torch.Tensor | None = None  # their change since the full step before (not off)
@@ -53,31 +61,43 @@ class Forecast:
 
     def add(self, time: Time, deep: torch.Tensor, probe: torch.Tensor | None = None) -> None:
         """A full step's deep features (a copy the caller no longer changes) at its sampler time, with its probe."""
-        now = _as_time(time, deep)
+        now = _as_time(time, deep.device)
         # a copy: a view would keep the caller's whole tensor (the entry block's input) alive until the next full step
         probe = subsample(probe).clone() if self.forecast == "calibrated" and probe is not None else None
-        self.change = self.span = self.probe_change = None
-        if self.forecast != "off" and self.deep is not None and self.deep.shape == deep.shape:
-            self.change = deep - self.deep
+        previous, change = _moved(self.deep, deep.device), None
+        self.span = self.probe_change = None
+        if self.forecast != "off" and previous is not None and previous.shape == deep.shape:
+            change = deep - previous
             if now is not None and self.time is not None:
                 self.span = now - self.time
             if probe is not None and self.probe is not None and self.probe.shape == probe.shape:
                 self.probe_change = probe - self.probe
-        self.time, self.deep, self.probe = now, deep, probe
+        self.time, self.probe, self.device, self._fetched = now, probe, deep.device, None
+        self.deep, self.change = _kept(deep, self.store), _kept(change, self.store)
+
+    def fetch(self) -> None:
+        """A cached pass begins: with the features kept elsewhere (``store``), start copying them back to their
+        device, so that :meth:`predict` finds them there."""
+        if self.store is not None and self.deep is not None and self.device is not None:
+            self._fetched = (_moved(self.deep, self.device), _moved(self.change, self.device))
 
     def predict(self, time: Time, probe: torch.Tensor | None = None) -> torch.Tensor | None:
         """The deep features for a cached step at ``time`` (with its live ``probe``); None before any full step."""
-        if self.change is None:
-            return self.deep
-        if self.probe_change is not None and probe is not None and probe.shape[-2:] == self.deep.shape[-2:]:
+        if self._fetched is None:
+            self.fetch()
+        deep, change = self._fetched or (self.deep, self.change)
+        self._fetched = None
+        if change is None or deep is None:
+            return deep
+        if self.probe_change is not None and probe is not None and probe.shape[-2:] == deep.shape[-2:]:
             live = subsample(probe)
             if live.shape == self.probe.shape:
-                return self.deep + _position(live - self.probe, self.probe_change) * self.change
-        now = None if self.span is None else _as_time(time, self.deep)
+                return deep + _position(live - self.probe, self.probe_change) * change
+        now = None if self.span is None else _as_time(time, deep.device)
         if now is None:
-            return self.deep
+            return deep
         a = (now - self.time) / self.span.where(self.span != 0, torch.inf)  # no time passed: no slope
-        return self.deep + a * self.change
+        return deep + a * change
 
     def nbytes(self) -> int:
         """Bytes held: the last deep features, their change and (calibrated) the subsampled probe and its change."""
@@ -101,8 +121,24 @@ def _position(moved: torch.Tensor, line: torch.Tensor) -> torch.Tensor:
     return a.reshape(-1, *[1] * (moved.dim() - 1))
 
 
-def _as_time(time: Time, like: torch.Tensor) -> torch.Tensor | None:
-    """``time`` as a 0-d float32 tensor on ``like``'s device (a tensor already there is not copied)."""
+def _as_time(time: Time, device: torch.device) -> torch.Tensor | None:
+    """``time`` as a 0-d float32 tensor on ``device`` (a tensor already there is not copied)."""
     if time is None:
         return None
-    return torch.as_tensor(time, dtype=torch.float32, device=like.device).reshape(())
+    return torch.as_tensor(time, dtype=torch.float32, device=device).reshape(())
+
+
+def _kept(t: torch.Tensor | None, store: torch.device | None) -> torch.Tensor | None:
+    """``t`` where it is kept between steps: as it is (no ``store``, or already there), else a copy on ``store`` made
+    without blocking (into pinned memory from a GPU, so the copy runs in the stream's order, without a sync)."""
+    if t is None or store is None or t.device == store:
+        return t
+    if t.is_cuda and store.type == "cpu":
+        kept = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        return kept.copy_(t, non_blocking=True)
+    return t.to(store)
+
+
+def _moved(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """``t`` on ``device``: itself where it is there, else a copy started without blocking."""
+    return t if t is None or t.device == device else t.to(device, non_blocking=True)
