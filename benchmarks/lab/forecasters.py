@@ -47,8 +47,13 @@ class History:
 
     keep = 3
 
-    def __init__(self, forecast: str = "linear") -> None:
+    def __init__(self, forecast: str = "linear", store: torch.device | None = None) -> None:
+        if store is not None:
+            raise ValueError(f"cache_device: the study's forecasters keep features where they were made, not on {store}")
         self.points: list[tuple[float, torch.Tensor]] = []
+
+    def fetch(self) -> None:
+        """Nothing to bring back: the features stay where they were made (``store`` is None)."""
 
     def add(self, time, deep: torch.Tensor, probe: torch.Tensor | None = None) -> None:
         if self.points and self.points[-1][1].shape != deep.shape:
