@@ -49,7 +49,9 @@ class History:
 
     def __init__(self, forecast: str = "linear", store: torch.device | None = None) -> None:
         if store is not None:
-            raise ValueError(f"cache_device: the study's forecasters keep features where they were made, not on {store}")
+            raise ValueError(
+                f"cache_device: the study's forecasters keep features where they were made, not on {store}"
+            )
         self.points: list[tuple[float, torch.Tensor]] = []
 
     def fetch(self) -> None:
