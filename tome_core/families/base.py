@@ -18,6 +18,8 @@ A layout describes the model and holds no run state: what one pass through the b
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -39,9 +41,11 @@ adaptive norms' modulation (diffusers' ``norm1.linear``, BFL's ``img_mod``/``mod
 
 def weights(module: nn.Module) -> int:
     """The weights of ``module``'s linear and convolution layers that run at every position (not its per-call
-    modulation and embedding layers): a block's multiply-adds per position, attention's own products aside."""
+    modulation and embedding layers): a block's multiply-adds per position, attention's own products aside. Counted
+    from the weight's ``shape``, which quantized wrappers (ComfyUI-GGUF's ``GGMLTensor``) give as the logical one while
+    their ``numel()`` counts the packed bytes."""
     return sum(
-        layer.weight.numel()
+        math.prod(layer.weight.shape)
         for name, layer in module.named_modules()
         if isinstance(layer, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))
         and not any(word in name for word in _PER_CALL)

@@ -1,0 +1,91 @@
+"""Doubles of the quantized weights people load FLUX and Wan with (issue 37), on any model's ``nn.Linear`` layers.
+
+- **GGUF** (city96/ComfyUI-GGUF at 795e451, ``ops.py``): a layer's weight is a ``GGMLTensor``, a tensor of the packed
+  GGML bytes (``numel()`` counts bytes) whose ``shape`` is the logical one and whose ``detach``/``clone`` return
+  itself (so ``nn.Parameter`` keeps it); ``GGMLLayer`` dequantizes it to the input's dtype at each call. The packing
+  is the ``gguf`` package's own (``gguf.quants``), as that repository's ``tools/convert.py`` writes files; as there,
+  1-D and small tensors (≤ 1,024 values) and rows not a multiple of the block stay float.
+- **fp8 weights** (ComfyUI v0.8.0, ``UNETLoader`` ``weight_dtype`` fp8_e4m3fn / fp8_e5m2 with ``comfy.ops.manual_cast``):
+  the weight is stored in the float8 dtype and cast to the input's dtype at each call.
+"""
+
+from __future__ import annotations
+
+import gguf
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+QUANTIZATION_THRESHOLD = 1024  # tools/convert.py: tensors this small stay float
+
+
+class GGMLTensor(torch.Tensor):
+    """Packed GGML bytes with the logical ``shape`` (ops.py ``GGMLTensor``)."""
+
+    @staticmethod
+    def __new__(cls, packed: torch.Tensor, *, tensor_type: gguf.GGMLQuantizationType, tensor_shape: torch.Size):
+        tensor = torch.Tensor._make_subclass(cls, packed)
+        tensor.tensor_type, tensor.tensor_shape = tensor_type, tensor_shape
+        return tensor
+
+    def detach(self, *args, **kwargs):
+        return self
+
+    def clone(self, *args, **kwargs):
+        return self
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.tensor_shape
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        packed = torch.Tensor(self).numpy()  # the bytes, as a plain tensor's view
+        values = gguf.quants.dequantize(packed, self.tensor_type)
+        return torch.from_numpy(values).reshape(self.tensor_shape).to(dtype)
+
+
+class GGMLLinear(nn.Linear):
+    """A linear layer on a :class:`GGMLTensor` weight, dequantized at each call (``GGMLLayer.get_weight``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.weight.dequantized(x.dtype), bias)
+
+
+class CastLinear(nn.Linear):
+    """A linear layer whose weight is stored in a low dtype and cast to the input's at each call (``manual_cast``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.weight.to(x.dtype), bias)
+
+
+def _quantizable(layer: nn.Linear) -> bool:
+    return layer.weight.numel() > QUANTIZATION_THRESHOLD and layer.in_features % 32 == 0
+
+
+def quantize_gguf(model: nn.Module, tensor_type=lambda name: gguf.GGMLQuantizationType.Q8_0) -> int:
+    """Gives ``model``'s linear layers GGUF weights, ``tensor_type(name)`` per layer (None: stays float), in place;
+    returns how many."""
+    count = 0
+    for name, layer in list(model.named_modules()):
+        kind = tensor_type(name) if type(layer) is nn.Linear and _quantizable(layer) else None
+        if kind is None:
+            continue
+        weight = layer.weight.detach().float()
+        packed = torch.from_numpy(gguf.quants.quantize(weight.numpy(), kind))
+        layer.__class__ = GGMLLinear
+        layer.weight = nn.Parameter(GGMLTensor(packed, tensor_type=kind, tensor_shape=weight.shape), False)
+        count += 1
+    return count
+
+
+def cast_weights(model: nn.Module, dtype: torch.dtype = torch.float8_e4m3fn) -> int:
+    """Stores ``model``'s linear layers' weights in ``dtype`` (cast at each call), in place; returns how many."""
+    count = 0
+    for layer in model.modules():
+        if type(layer) is nn.Linear:
+            layer.__class__ = CastLinear
+            layer.weight = nn.Parameter(layer.weight.detach().to(dtype), False)
+            count += 1
+    return count

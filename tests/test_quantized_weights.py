@@ -1,0 +1,101 @@
+"""The step cache on quantized weights (issue 37): a FLUX whose linear layers hold GGUF (ComfyUI-GGUF's packed
+``GGMLTensor``) or fp8 weights, as ``tests/quantized_weights.py`` models them. The cache runs, keeps what it keeps on
+float weights, keeps its features in the compute dtype, and states the speed from the logical weights."""
+
+from __future__ import annotations
+
+import math
+
+import gguf
+import pytest
+import torch
+from quantized_weights import GGMLTensor, cast_weights, quantize_gguf
+
+import tome_core
+from benchmarks.lab import dit
+from benchmarks.lab.trained import data, flux
+from benchmarks.lab.trained.loading import load_flux
+from tome_core.families import layout_for
+
+Q8, Q4 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0
+STEPS = 8
+
+
+def _mixed(name: str) -> gguf.GGMLQuantizationType:
+    """A K-quant file's mix: the double-stream blocks kept at 8 bits, the single-stream ones at 4."""
+    return Q8 if name.startswith("transformer_blocks") else Q4
+
+
+def _psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    mse = (a - b).pow(2).mean().item()
+    return 10 * math.log10(4.0 / mse)  # samples in [-1, 1]: peak-to-peak 2
+
+
+def test_the_speed_estimate_counts_a_gguf_models_logical_weights_not_their_packed_bytes():
+    model = flux.build(len(data.CLASSES), seed=3)
+    float_share = layout_for(model.transformer, 0).skipped_share(None)
+    assert quantize_gguf(model.transformer, lambda name: _mixed(name.removeprefix("transformer."))) > 20
+    weight = model.transformer.transformer_blocks[0].ff.net[2].weight
+    assert isinstance(weight, GGMLTensor) and weight.numel() != math.prod(weight.shape)  # packed bytes
+    assert layout_for(model.transformer, 0).skipped_share(None) == pytest.approx(float_share, abs=1e-12)
+
+
+@pytest.fixture(scope="module")
+def noise_and_labels():
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(2, flux.CHANNELS, flux.SIZE, flux.SIZE, generator=gen), torch.tensor([3, 7])
+
+
+MODE = dit.Mode("linear-3", "linear", "uniform", 3)
+
+
+def _run(model, noise_and_labels, mode):
+    return dit.sample(model, *noise_and_labels, STEPS, mode)
+
+
+@pytest.fixture(scope="module")
+def float_psnr(noise_and_labels) -> float:
+    """What the cache keeps on the float model: PSNR of its samples against the plain ones."""
+    model = load_flux().eval().requires_grad_(False)
+    return _psnr(_run(model, noise_and_labels, MODE)[0], _run(model, noise_and_labels, None)[0])
+
+
+@pytest.mark.parametrize(
+    "weights",
+    ["Q8_0", "Q4_0", "mixed", "fp8_e4m3fn", "fp8_e5m2"],
+)
+def test_the_cache_keeps_on_quantized_weights_what_it_keeps_on_float_weights(weights, noise_and_labels, float_psnr):
+    model = load_flux().eval().requires_grad_(False)
+    if weights.startswith("fp8"):
+        assert cast_weights(model.transformer, getattr(torch, f"float8_{weights.removeprefix('fp8_')}")) > 20
+    else:
+        kind = {"Q8_0": lambda _: Q8, "Q4_0": lambda _: Q4, "mixed": _mixed}[weights]
+        assert quantize_gguf(model.transformer, kind) > 20
+    plain, _ = _run(model, noise_and_labels, None)
+    cached, counts = _run(model, noise_and_labels, MODE)
+    again, _ = _run(model, noise_and_labels, MODE)
+    assert counts == {"full": 4, "cached": 4, "skipped": 0}
+    assert torch.equal(cached, again)  # deterministic
+    assert torch.equal(_run(model, noise_and_labels, None)[0], plain)  # the plain model back, bit for bit
+    quantized_psnr = _psnr(cached, plain)
+    print(f"{weights}: {quantized_psnr:.2f} dB (float weights {float_psnr:.2f} dB)")
+    assert quantized_psnr > float_psnr - 3, (quantized_psnr, float_psnr)
+
+
+def test_the_cache_keeps_its_features_in_the_compute_dtype_on_fp8_weights(noise_and_labels):
+    model = load_flux().eval().requires_grad_(False)
+    cast_weights(model.transformer)
+    session = tome_core.apply_settings(model.transformer, MODE.settings())
+    kept: list[torch.Tensor] = []
+
+    def progress(i: int, n: int) -> None:
+        session.set_progress(i / n, n)
+        if i == n - 1:  # before the last step: what the full steps left for the cached ones
+            kept.extend(f.deep for s in session.cache._streams.values() for f in s.forecasts if f.deep is not None)
+
+    try:
+        dit.guided_euler(model, *noise_and_labels, STEPS, progress)
+    finally:
+        tome_core.remove_patch(model.transformer)
+    assert kept and {t.dtype for t in kept} == {torch.float32}
+    assert model.transformer.transformer_blocks[0].ff.net[2].weight.dtype == torch.float8_e4m3fn
