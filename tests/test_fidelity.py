@@ -116,6 +116,36 @@ def test_training_script_runs_a_few_steps(model, tmp_path):
     assert "Steps: 2" in (tmp_path / f"{model}.md").read_text(encoding="utf-8")
 
 
+def test_a_training_stopped_and_resumed_from_its_state_ends_with_the_weights_of_one_never_stopped(
+    tmp_path, monkeypatch
+):
+    from benchmarks.lab.trained import train as T
+
+    run = {"model": "flux", "steps": 4, "seed": 0}
+    straight, _ = T.train_flux(4, 0, lambda _: None)
+    draw, drawn = data.draw, []
+
+    def interrupted(*args):
+        drawn.append(args)
+        if len(drawn) == 4:  # the fourth step's batch: steps 1-2 are in the state (saved every 2), step 3 is lost
+            raise KeyboardInterrupt
+        return draw(*args)
+
+    state = T.Resumable(tmp_path / "flux.state", run, every=2)
+    monkeypatch.setattr(data, "draw", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        T.train_flux(4, 0, lambda _: None, state=state)
+    monkeypatch.setattr(data, "draw", draw)
+    said: list[str] = []
+    resumed, stats = T.train_flux(4, 0, said.append, state=state)
+    assert said[0] == f"continuing from {state.path} at step 2/4"
+    assert resumed.keys() == straight.keys() and all(torch.equal(resumed[k], straight[k]) for k in straight)
+    assert stats["steps"] == 4 and torch.load(state.path, weights_only=False)["step"] == 4
+    other = T.Resumable(state.path, {**run, "seed": 1})
+    with pytest.raises(ValueError, match=r"--state .*flux.state: seed 0 in the saved run, 1 asked for"):
+        T.train_flux(4, 1, lambda _: None, state=other)
+
+
 def test_the_full_plan_covers_every_merging_mode_at_both_sides_on_both_layouts_and_both_samplers():
     assert B.FULL.seeds >= 64 and B.FULL.steps == 20
     cases = {(c.layout, c.side, c.sampler): set(names or B.modes_.MODES) for c, names in B.cases(B.FULL)}

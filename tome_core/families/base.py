@@ -19,7 +19,6 @@ A layout describes the model and holds no run state: what one pass through the b
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 

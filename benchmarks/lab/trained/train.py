@@ -4,6 +4,7 @@
     python -m benchmarks.lab.trained.train --model sdxl         # ~52 min (both at once: one core each)
     python -m benchmarks.lab.trained.train --model classifier   # a few minutes
     python -m benchmarks.lab.trained.train --model sd15 --steps 3 --out /tmp/x   # a smoke run (CI)
+    python -m benchmarks.lab.trained.train --model flux --state flux.state        # resumable (see --state)
 
 UNets: ε-prediction on SD's 1000-step scaled-linear DDPM schedule (timesteps uniform, MSE on ε), label dropout
 10 % (the empty prompt, so classifier-free guidance works), AdamW with a warm-up and cosine decay, gradient
@@ -11,6 +12,11 @@ clipping, and an exponential moving average of the weights, which is what is shi
 batch is drawn at twice the side (a quarter of the images), so that sampling at 2× is in the training
 distribution. Each batch is drawn from ``data.draw`` with a seed derived from the step: the run is a pure
 function of its arguments. Writes ``weights/<model>.safetensors`` and the model card ``weights/<model>.md``.
+
+With ``--state FILE`` a run keeps its whole state there (weights, EMA, optimiser, random generator, losses, time
+spent) every ``--save-every`` steps, and a run started with an existing FILE continues from it: stopped and resumed
+any number of times, it ends with the same weights, bit for bit, as a run never stopped (the model card's time is the
+sum of the pieces').
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import copy
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,6 +42,32 @@ BATCH = 16
 BIG_EVERY = 8  # every 8th step: side x2, batch / 4 (the same number of pixels)
 LABEL_DROPOUT = 0.1
 LR, WARMUP, EMA = 5e-4, 100, 0.999
+SAVE_EVERY = 250
+
+
+@dataclass(frozen=True)
+class Resumable:
+    """Where a run keeps its state (``path``), how often, and what it must match to continue from it."""
+
+    path: Path
+    run: dict  # model, steps, seed: a state of another run is refused
+    every: int = SAVE_EVERY
+
+    def load(self) -> dict | None:
+        if not self.path.exists():
+            return None
+        state = torch.load(self.path, weights_only=False)
+        for key, value in self.run.items():
+            if state["run"].get(key) != value:
+                raise ValueError(
+                    f"--state {self.path}: {key} {state['run'].get(key)!r} in the saved run, {value!r} asked for"
+                )
+        return state
+
+    def save(self, state: dict) -> None:
+        temporary = self.path.with_name(self.path.name + ".tmp")
+        torch.save({"run": self.run, **state}, temporary)
+        temporary.replace(self.path)  # never a half-written state
 
 
 def _batch_seed(seed: int, step: int) -> int:
@@ -48,7 +81,7 @@ def _lr(step: int, steps: int) -> float:
 
 
 def train_unet(
-    name: str, steps: int, seed: int, log, partial: Path | None = None
+    name: str, steps: int, seed: int, log, partial: Path | None = None, state: Resumable | None = None
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """The EMA weights (float16) after ``steps`` steps, and the run's figures; every 500 steps the EMA so far is
     written to ``partial`` (to look at samples while it trains)."""
@@ -64,10 +97,12 @@ def train_unet(
         return (model["unet"](xt, t, **model["conditioner"](labels)) - noise).pow(2).mean()
 
     model = nn.ModuleDict({"unet": unet, "conditioner": conditioner})
-    return _train(model, loss, arch.size, steps, seed, log, partial)
+    return _train(model, loss, arch.size, steps, seed, log, partial, state)
 
 
-def train_flux(steps: int, seed: int, log, partial: Path | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+def train_flux(
+    steps: int, seed: int, log, partial: Path | None = None, state: Resumable | None = None
+) -> tuple[dict[str, torch.Tensor], dict]:
     """The FLUX-layout model (:mod:`.flux`) by rectified flow: the velocity ``ε − x₀`` at a logit-normal time σ."""
 
     def loss(model: nn.Module, x0: torch.Tensor, labels: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -76,19 +111,39 @@ def train_flux(steps: int, seed: int, log, partial: Path | None = None) -> tuple
         s = sigma.view(-1, 1, 1, 1)
         return (model((1 - s) * x0 + s * noise, sigma, labels) - (noise - x0)).pow(2).mean()
 
-    return _train(flux.build(len(data.CLASSES), seed), loss, flux.SIZE, steps, seed, log, partial)
+    return _train(flux.build(len(data.CLASSES), seed), loss, flux.SIZE, steps, seed, log, partial, state)
 
 
-def _train(model: nn.Module, loss_of, size: int, steps: int, seed: int, log, partial: Path | None):
+@torch.enable_grad()  # whatever the caller's mode
+def _train(
+    model: nn.Module, loss_of, size: int, steps: int, seed: int, log, partial: Path | None, state: Resumable | None
+):
     """The training loop both kinds of model share: batches drawn from the step's seed (every 8th at twice the side),
-    label dropout, AdamW with warm-up and cosine decay, clipping, EMA; ``loss_of(model, x0, labels, generator)``."""
+    label dropout, AdamW with warm-up and cosine decay, clipping, EMA; ``loss_of(model, x0, labels, generator)``;
+    continued from ``state`` where it holds one, and kept there as it goes."""
     model = model.train()
     ema = copy.deepcopy(model).eval().requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
     losses: list[float] = []
+    first, spent = 0, {"seconds": 0.0, "cpu_seconds": 0.0}  # time spent by the pieces before this one
+    saved = state.load() if state is not None else None
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        ema.load_state_dict(saved["ema"])
+        opt.load_state_dict(saved["optimizer"])
+        gen.set_state(saved["generator"])
+        first, losses, spent = saved["step"], saved["losses"], saved["spent"]
+        log(f"continuing from {state.path} at step {first}/{steps}")
     start, cpu = time.perf_counter(), time.process_time()
-    for step in range(steps):
+
+    def elapsed() -> dict[str, float]:
+        return {
+            "seconds": spent["seconds"] + time.perf_counter() - start,
+            "cpu_seconds": spent["cpu_seconds"] + time.process_time() - cpu,
+        }
+
+    for step in range(first, steps):
         big = step % BIG_EVERY == BIG_EVERY - 1
         side, batch = (2 * size, BATCH // 4) if big else (size, BATCH)
         x0, labels = data.draw(batch, side, _batch_seed(seed, step))
@@ -108,14 +163,25 @@ def _train(model: nn.Module, loss_of, size: int, steps: int, seed: int, log, par
         losses.append(loss.item())
         if step % 100 == 99 or step == steps - 1:
             recent = sum(losses[-100:]) / len(losses[-100:])
-            log(f"step {step + 1}/{steps}  loss {recent:.4f}  {time.perf_counter() - start:.0f} s")
+            log(f"step {step + 1}/{steps}  loss {recent:.4f}  {elapsed()['seconds']:.0f} s")
         if partial is not None and step % 500 == 499:
             save_file({k: v.half() for k, v in ema.state_dict().items()}, str(partial))
+        if state is not None and (step % state.every == state.every - 1 or step == steps - 1):
+            state.save(
+                {
+                    "step": step + 1,
+                    "model": model.state_dict(),
+                    "ema": ema.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "generator": gen.get_state(),
+                    "losses": losses,
+                    "spent": elapsed(),
+                }
+            )
     tail = losses[-200:]
     stats = {
         "steps": steps,
-        "seconds": round(time.perf_counter() - start, 1),
-        "cpu_seconds": round(time.process_time() - cpu, 1),
+        **{k: round(v, 1) for k, v in elapsed().items()},
         "final_loss": round(sum(tail) / len(tail), 5),
     }
     return {k: v.half() for k, v in ema.state_dict().items()}, stats
@@ -212,7 +278,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=M.WEIGHTS, help="folder for the weights and the model card")
-    parser.add_argument("--partial", type=Path, help="UNets: write the EMA so far here every 500 steps")
+    parser.add_argument("--partial", type=Path, help="write the EMA so far here every 500 steps")
+    parser.add_argument(
+        "--state", type=Path, help="keep the run's whole state here as it goes, and continue from it if it exists"
+    )
+    parser.add_argument("--save-every", type=int, default=SAVE_EVERY, help="steps between two saves of --state")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     M.install_attention()
@@ -221,12 +291,16 @@ def main(argv: list[str] | None = None) -> None:
     def log(text: str) -> None:
         print(f"[{args.model}] {text}", flush=True)
 
+    run = {"model": args.model, "steps": steps, "seed": args.seed}
+    state = None if args.state is None else Resumable(args.state, run, args.save_every)
     if args.model == "classifier":
+        if state is not None:
+            parser.error("--state: the classifier trains in a few minutes and is not resumable")
         weights, stats = train_classifier(steps, args.seed, log)
     elif args.model == flux.NAME:
-        weights, stats = train_flux(steps, args.seed, log, args.partial)
+        weights, stats = train_flux(steps, args.seed, log, args.partial, state)
     else:
-        weights, stats = train_unet(args.model, steps, args.seed, log, args.partial)
+        weights, stats = train_unet(args.model, steps, args.seed, log, args.partial, state)
     args.out.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(args.out / f"{args.model}.safetensors"), metadata={"stats": json.dumps(stats)})
     (args.out / f"{args.model}.md").write_text(model_card(args.model, stats, args.seed, args.threads), encoding="utf-8")
