@@ -99,3 +99,28 @@ def test_the_cache_keeps_its_features_in_the_compute_dtype_on_fp8_weights(noise_
         tome_core.remove_patch(model.transformer)
     assert kept and {t.dtype for t in kept} == {torch.float32}
     assert model.transformer.transformer_blocks[0].ff.net[2].weight.dtype == torch.float8_e4m3fn
+
+
+def test_the_w8a8_double_multiplies_fp8_weights_by_fp8_activations_as_comfyuis_fp8_linear():
+    from benchmarks.lab.quantized import FP8, Fp8FastLinear, fp8_fast
+
+    gen = torch.Generator().manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32))
+    x = 300 * torch.randn(2, 5, 64, generator=gen)  # some beyond fp8's ±448: clamped
+    weight, bias = model[0].weight.detach().clone(), model[0].bias.detach().clone()
+    assert fp8_fast(model) == 1 and type(model[0]) is Fp8FastLinear and model[0].weight.dtype == FP8
+    expected = torch.nn.functional.linear(x.clamp(-448, 448).to(FP8).float(), weight.to(FP8).float(), bias)
+    assert torch.equal(model(x), expected)
+    four_d = x.view(2, 5, 8, 8).transpose(-1, -2).reshape(2, 5, 1, 64)  # not 2-D or 3-D: fp8_linear's fallback
+    assert torch.equal(model(four_d), torch.nn.functional.linear(four_d, weight.to(FP8).float(), bias))
+
+
+def test_the_fp8_activations_benchmark_measures_both_forecasts_on_both_weights():
+    from benchmarks.quality import fp8_activations as bench
+
+    rows = bench.measure(1, 8, log=lambda _: None)
+    assert [(r["weights"], r["interval"]) for r in rows] == [(w, n) for w in bench.WEIGHTS for n in bench.INTERVALS]
+    assert all(r["counts"]["cached"] > 0 for r in rows)
+    assert all(r["difference"][0] == pytest.approx(r["linear"][0] - r["off"][0]) for r in rows)  # paired, one seed
+    text = bench.section(rows, {"seeds": 1, "steps": 8, "torch": "x", "finished": "now"})
+    assert text.startswith(bench.BEGIN) and "| fp8_e4m3fn_fast (W8A8) | 4 | 3 / 5 |" in text
