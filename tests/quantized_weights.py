@@ -5,6 +5,10 @@
   itself (so ``nn.Parameter`` keeps it); ``GGMLLayer`` dequantizes it to the input's dtype at each call. The packing
   is the ``gguf`` package's own (``gguf.quants``), as that repository's ``tools/convert.py`` writes files; as there,
   1-D and small tensors (≤ 1,024 values) and rows not a multiple of the block stay float.
+- **scaled fp8** (ComfyUI v0.8.0, ``comfy/ops.py`` ``mixed_precision_ops``, which loads the ``scaled_fp8`` checkpoints
+  it converts in ``comfy/utils.py`` ``convert_old_quants``): the layer is a plain ``nn.Module`` with ``in_features``
+  and ``out_features``, not an ``nn.Linear`` (as Forge's ``ForgeOperations.Linear`` is too), its weight float8_e4m3fn
+  with a per-tensor ``weight_scale``, multiplied back at each call.
 - **fp8 weights** (ComfyUI v0.8.0, ``UNETLoader`` ``weight_dtype`` fp8_e4m3fn / fp8_e5m2 with ``comfy.ops.manual_cast``):
   the weight is stored in the float8 dtype and cast to the input's dtype at each call.
 """
@@ -58,6 +62,32 @@ class CastLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.bias is None else self.bias.to(x.dtype)
         return F.linear(x, self.weight.to(x.dtype), bias)
+
+
+class ScaledFp8Linear(nn.Module):
+    """A host's own linear layer (see the module) on a scaled float8_e4m3fn weight."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float()
+        scale = weight.abs().max() / 448
+        self.weight = nn.Parameter((weight / scale).to(torch.float8_e4m3fn), False)
+        self.register_buffer("weight_scale", scale)
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.weight.to(x.dtype) * self.weight_scale.to(x.dtype), bias)
+
+
+def scaled_fp8(model: nn.Module) -> int:
+    """Replaces ``model``'s linear layers by :class:`ScaledFp8Linear` ones, in place; returns how many."""
+    linears = [(name, layer) for name, layer in model.named_modules() if type(layer) is nn.Linear]
+    for name, layer in linears:
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, child, ScaledFp8Linear(layer))
+    return len(linears)
 
 
 def _quantizable(layer: nn.Linear) -> bool:

@@ -81,3 +81,21 @@ def test_the_infotext_says_the_speed_of_each_pass_that_cached_and_the_refiners_p
     nothing.count_cache([PassCount(5, 0, work=5.0)])
     assert nothing.cache_speed_text is None  # no cached step: no speed-up to speak of
     assert PassCount(1, 1).speedup is None and (PassCount(1, 1) + PassCount(1, 1, work=1.5)).work is None
+
+
+def test_a_layer_wrapping_another_counts_once():
+    """A LoRA wrapper (peft's ``lora.Linear``: in/out features around its ``base_layer``) is one layer's work."""
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self, base: torch.nn.Linear) -> None:
+            super().__init__()
+            self.in_features, self.out_features, self.base_layer = base.in_features, base.out_features, base
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.base_layer(x)
+
+    model = flux.build(10, seed=3)
+    share = layout_for(model.transformer, 0).skipped_share(None)
+    for block in model.transformer.single_transformer_blocks:
+        block.proj_out = Wrapped(block.proj_out)
+    assert layout_for(model.transformer, 0).skipped_share(None) == pytest.approx(share, abs=1e-12)

@@ -38,17 +38,29 @@ _PER_CALL = ("emb", "mod", "norm")
 adaptive norms' modulation (diffusers' ``norm1.linear``, BFL's ``img_mod``/``modulation``)."""
 
 
+def _layer_weights(layer: nn.Module) -> int:
+    """The logical weights of a linear layer (``in_features`` × ``out_features``: torch's, and the hosts' own linear
+    modules that are not ``nn.Linear``: ComfyUI's mixed-precision and Forge's operations, whatever packs the weight:
+    GGUF, fp8 with scales, nf4) or of a convolution (its weight's shape); 0 for anything else."""
+    if hasattr(layer, "in_features") and hasattr(layer, "out_features"):
+        return int(layer.in_features) * int(layer.out_features)
+    if isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        return math.prod(layer.weight.shape)
+    return 0
+
+
 def weights(module: nn.Module) -> int:
     """The weights of ``module``'s linear and convolution layers that run at every position (not its per-call
     modulation and embedding layers): a block's multiply-adds per position, attention's own products aside. Counted
-    from the weight's ``shape``, which quantized wrappers (ComfyUI-GGUF's ``GGMLTensor``) give as the logical one while
-    their ``numel()`` counts the packed bytes."""
-    return sum(
-        math.prod(layer.weight.shape)
-        for name, layer in module.named_modules()
-        if isinstance(layer, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))
-        and not any(word in name for word in _PER_CALL)
-    )
+    from the layers' sizes, never from the stored weight, which a quantized wrapper packs (ComfyUI-GGUF's
+    ``GGMLTensor`` counts bytes in ``numel()``); a layer that wraps another (a LoRA wrapper around its base layer)
+    counts once, as the inner one."""
+    total = 0
+    for name, layer in module.named_modules():
+        own = _layer_weights(layer)
+        if own and not any(w in name for w in _PER_CALL):
+            total += 0 if any(_layer_weights(inner) for inner in list(layer.modules())[1:]) else own
+    return total
 
 
 @dataclass
