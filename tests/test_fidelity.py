@@ -146,6 +146,27 @@ def test_a_training_stopped_and_resumed_from_its_state_ends_with_the_weights_of_
         T.train_flux(4, 1, lambda _: None, state=other)
 
 
+def test_the_training_command_keeps_its_state_and_continues_from_it(tmp_path):
+    command = [sys.executable, "-m", "benchmarks.lab.trained.train", "--model", "flux", "--out", str(tmp_path)]
+    command += ["--state", str(tmp_path / "flux.state"), "--save-every", "1"]
+    run = lambda *extra: subprocess.run(  # noqa: E731
+        [*command, *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    first = run("--steps", "2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    again = run("--steps", "2")  # nothing left to do: the saved run's weights again
+    assert again.returncode == 0 and f"continuing from {tmp_path / 'flux.state'} at step 2/2" in again.stdout
+    other = run("--steps", "3")
+    assert (
+        other.returncode != 0 and "--state" in other.stderr and "steps 2 in the saved run, 3 asked for" in other.stderr
+    )
+
+
 def test_the_full_plan_covers_every_merging_mode_at_both_sides_on_both_layouts_and_both_samplers():
     assert B.FULL.seeds >= 64 and B.FULL.steps == 20
     cases = {(c.layout, c.side, c.sampler): set(names or B.modes_.MODES) for c, names in B.cases(B.FULL)}

@@ -50,7 +50,7 @@ class Resumable:
     """Where a run keeps its state (``path``), how often, and what it must match to continue from it."""
 
     path: Path
-    run: dict  # model, steps, seed: a state of another run is refused
+    run: dict  # model, steps, seed, recipe: a state of another run is refused
     every: int = SAVE_EVERY
 
     def load(self) -> dict | None:
@@ -291,8 +291,13 @@ def main(argv: list[str] | None = None) -> None:
     def log(text: str) -> None:
         print(f"[{args.model}] {text}", flush=True)
 
-    run = {"model": args.model, "steps": steps, "seed": args.seed}
+    recipe = {"lr": LR, "warmup": WARMUP, "ema": EMA, "batch": BATCH, "big_every": BIG_EVERY, "dropout": LABEL_DROPOUT}
+    run = {"model": args.model, "steps": steps, "seed": args.seed, "recipe": recipe}
     state = None if args.state is None else Resumable(args.state, run, args.save_every)
+    try:
+        _ = state is not None and state.load()  # a state of another run: refused before anything is built
+    except ValueError as error:
+        parser.error(str(error))
     if args.model == "classifier":
         if state is not None:
             parser.error("--state: the classifier trains in a few minutes and is not resumable")
