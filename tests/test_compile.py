@@ -1,7 +1,8 @@
 """The step cache under ``torch.compile`` (issue 37), in the ComfyUI double: ComfyUI's ``TorchCompileModel`` (the whole
 ``diffusion_model`` compiled, its guard filter dropping every guard on ``transformer_options``) and KJNodes'
 ``TorchCompileModelAdvanced`` with "compile transformer blocks only" (each block of the model's block lists compiled
-and put in its list for the length of each call), in both node orders, on FLUX (Black Forest Labs' layout) and SD1.5.
+and put in its list for the length of each call), in both node orders, on FLUX (Black Forest Labs' layout), SD1.5 and
+Wan (a 5-frame video under CFG; the whole model compiled).
 
 Dynamo's ``"eager"`` backend through a counting backend (what dynamo traces and guards is the same as inductor's: the
 graphs are run as traced), so the test counts every graph dynamo made, recompiles included, and fails where a frame
@@ -65,20 +66,27 @@ def comfy():
     yield
     speedups.COMPILE_BACKEND = None
     torch._dynamo.reset()
-    for kind in ("flux1", "sd15"):
+    for kind in ("flux1", "sd15", "wan"):
         tome_core.remove_patch(ch.base_model(kind).diffusion_model)
 
 
 def sample(ckpt: str, patches=()) -> torch.Tensor:
+    if ckpt == "wan":  # a 5-frame video under CFG (two streams)
+        return ch.samples(ch.run(ch.txt2img(ckpt, patches, width=64, height=64, steps=8, length=5, cfg=5.0)))
     size = 64 if ckpt == "flux1" else 128
     return ch.samples(ch.run(ch.txt2img(ckpt, patches, width=size, height=size, steps=8)))
 
 
-CASES = [("flux1", "TorchCompileModel"), ("flux1", "TorchCompileModelAdvanced"), ("sd15", "TorchCompileModel")]
+CASES = [
+    ("flux1", "TorchCompileModel"),
+    ("flux1", "TorchCompileModelAdvanced"),
+    ("sd15", "TorchCompileModel"),
+    ("wan", "TorchCompileModel"),
+]
 
 
 @pytest.mark.parametrize("compile_first", [True, False], ids=["compile-cache", "cache-compile"])
-@pytest.mark.parametrize(("ckpt", "node"), CASES, ids=["flux-model", "flux-blocks", "sd15-model"])
+@pytest.mark.parametrize(("ckpt", "node"), CASES, ids=["flux-model", "flux-blocks", "sd15-model", "wan-model"])
 def test_the_cache_under_compile_caches_as_without_it_with_graphs_made_once(console, ckpt, node, compile_first):
     compiled = (node, {"backend": "inductor"} if node == "TorchCompileModel" else {})
     cache = ("ToMeStepCache", CACHE)
