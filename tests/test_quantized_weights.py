@@ -135,3 +135,42 @@ def test_the_fp8_activations_benchmark_measures_both_forecasts_on_both_weights()
     assert all(r["difference"][0] == pytest.approx(r["linear"][0] - r["off"][0]) for r in rows)  # paired, one seed
     text = bench.section(rows, {"seeds": 1, "steps": 8, "torch": "x", "finished": "now"})
     assert text.startswith(bench.BEGIN) and "| fp8_e4m3fn_fast (W8A8) | 4 | 3 / 5 |" in text
+
+
+def _video(model, settings=None) -> tuple[torch.Tensor, int]:
+    """Six steps of the Wan double on a 3-frame video under CFG-sized batches; the last output and the cached calls."""
+    gen = torch.Generator().manual_seed(1)
+    x, context = torch.randn(2, 4, 3, 8, 8, generator=gen), torch.randn(2, 5, 32, generator=gen)
+    session = None if settings is None else tome_core.apply_settings(model, settings)
+    try:
+        for i, sigma in enumerate((0.95, 0.85, 0.7, 0.55, 0.4, 0.25)):
+            if session is not None:
+                session.set_progress(i / 6, 6)
+            x = x - 0.15 * model(x, torch.full((2,), 1000 * sigma), context)
+        cached = 0 if session is None else session.report().cache.cached
+    finally:
+        tome_core.remove_patch(model)
+    return x, cached
+
+
+@pytest.mark.parametrize("weights", ["Q8_0", "Q4_0", "fp8_e4m3fn", "scaled_fp8"])
+def test_the_cache_runs_on_a_wan_video_model_with_quantized_weights(weights):
+    from wan_double import WanModel
+
+    settings = MODE.settings()
+    reference = WanModel(dim=64, seed=3).eval().requires_grad_(False)
+    float_share = layout_for(reference, 0).skipped_share((3, 8, 8))
+    float_psnr = _psnr(_video(reference, settings)[0], _video(reference)[0])
+    model = WanModel(dim=64, seed=3).eval().requires_grad_(False)
+    if weights == "scaled_fp8":
+        assert scaled_fp8(model) > 4
+    elif weights.startswith("fp8"):
+        assert cast_weights(model) > 4
+    else:
+        assert quantize_gguf(model, lambda _: {"Q8_0": Q8, "Q4_0": Q4}[weights]) > 4
+    assert layout_for(model, 0).skipped_share((3, 8, 8)) == pytest.approx(float_share, abs=1e-12)
+    plain, _ = _video(model)
+    cached, count = _video(model, settings)
+    assert count > 0 and torch.equal(_video(model, settings)[0], cached)
+    assert torch.equal(_video(model)[0], plain)
+    assert _psnr(cached, plain) > float_psnr - 3, (_psnr(cached, plain), float_psnr)
