@@ -20,6 +20,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from benchmarks.lab.quantized import recast_linears
+
 QUANTIZATION_THRESHOLD = 1024  # tools/convert.py: tensors this small stay float
 
 
@@ -112,10 +114,4 @@ def quantize_gguf(model: nn.Module, tensor_type=lambda name: gguf.GGMLQuantizati
 
 def cast_weights(model: nn.Module, dtype: torch.dtype = torch.float8_e4m3fn) -> int:
     """Stores ``model``'s linear layers' weights in ``dtype`` (cast at each call), in place; returns how many."""
-    count = 0
-    for layer in model.modules():
-        if type(layer) is nn.Linear:
-            layer.__class__ = CastLinear
-            layer.weight = nn.Parameter(layer.weight.detach().to(dtype), False)
-            count += 1
-    return count
+    return recast_linears(model, CastLinear, dtype)

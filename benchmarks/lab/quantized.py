@@ -26,12 +26,18 @@ class Fp8FastLinear(nn.Linear):
         return F.linear(x.float(), self.weight.float(), bias).to(dtype)
 
 
-def fp8_fast(model: nn.Module) -> int:
-    """Gives ``model``'s linear layers fp8 weights and fp8 inputs (see the module), in place; returns how many."""
+def recast_linears(model: nn.Module, layer_class: type[nn.Linear], dtype: torch.dtype) -> int:
+    """Turns ``model``'s ``nn.Linear`` layers into ``layer_class`` (a subclass that computes differently), their
+    weights stored in ``dtype``, in place; returns how many."""
     count = 0
     for layer in model.modules():
         if type(layer) is nn.Linear:
-            layer.__class__ = Fp8FastLinear
-            layer.weight = nn.Parameter(layer.weight.detach().to(FP8), requires_grad=False)
+            layer.__class__ = layer_class
+            layer.weight = nn.Parameter(layer.weight.detach().to(dtype), requires_grad=False)
             count += 1
     return count
+
+
+def fp8_fast(model: nn.Module) -> int:
+    """Gives ``model``'s linear layers fp8 weights and fp8 inputs (see the module), in place; returns how many."""
+    return recast_linears(model, Fp8FastLinear, FP8)

@@ -45,6 +45,10 @@ LR, WARMUP, EMA = 5e-4, 100, 0.999
 SAVE_EVERY = 250
 
 
+class StateMismatch(ValueError):
+    """The state in ``--state`` is another run's."""
+
+
 @dataclass(frozen=True)
 class Resumable:
     """Where a run keeps its state (``path``), how often, and what it must match to continue from it."""
@@ -59,7 +63,7 @@ class Resumable:
         state = torch.load(self.path, weights_only=False)
         for key, value in self.run.items():
             if state["run"].get(key) != value:
-                raise ValueError(
+                raise StateMismatch(
                     f"--state {self.path}: {key} {state['run'].get(key)!r} in the saved run, {value!r} asked for"
                 )
         return state
@@ -294,18 +298,18 @@ def main(argv: list[str] | None = None) -> None:
     recipe = {"lr": LR, "warmup": WARMUP, "ema": EMA, "batch": BATCH, "big_every": BIG_EVERY, "dropout": LABEL_DROPOUT}
     run = {"model": args.model, "steps": steps, "seed": args.seed, "recipe": recipe}
     state = None if args.state is None else Resumable(args.state, run, args.save_every)
-    try:
-        _ = state is not None and state.load()  # a state of another run: refused before anything is built
-    except ValueError as error:
-        parser.error(str(error))
     if args.model == "classifier":
         if state is not None:
             parser.error("--state: the classifier trains in a few minutes and is not resumable")
         weights, stats = train_classifier(steps, args.seed, log)
-    elif args.model == flux.NAME:
-        weights, stats = train_flux(steps, args.seed, log, args.partial, state)
     else:
-        weights, stats = train_unet(args.model, steps, args.seed, log, args.partial, state)
+        try:  # a state of another run is refused as it is read, before the first step
+            if args.model == flux.NAME:
+                weights, stats = train_flux(steps, args.seed, log, args.partial, state)
+            else:
+                weights, stats = train_unet(args.model, steps, args.seed, log, args.partial, state)
+        except StateMismatch as error:
+            parser.error(str(error))
     args.out.mkdir(parents=True, exist_ok=True)
     save_file(weights, str(args.out / f"{args.model}.safetensors"), metadata={"stats": json.dumps(stats)})
     (args.out / f"{args.model}.md").write_text(model_card(args.model, stats, args.seed, args.threads), encoding="utf-8")
