@@ -9,6 +9,10 @@
   it converts in ``comfy/utils.py`` ``convert_old_quants``): the layer is a plain ``nn.Module`` with ``in_features``
   and ``out_features``, not an ``nn.Linear`` (as Forge's ``ForgeOperations.Linear`` is too), its weight float8_e4m3fn
   with a per-tensor ``weight_scale``, multiplied back at each call.
+- **GGUF in Forge Neo** (exo101/sd-webui-forge-neo-v3 at 5692d2d, ``webui/backend/operations.py``
+  ``ForgeOperationsGGUF.Linear``, ``operations_gguf.py`` ``ParameterGGUF``): the layer is a plain ``nn.Module`` with
+  neither ``in_features`` nor ``out_features``, its weight a parameter of the packed bytes whose ``shape`` is the
+  logical one (``real_shape``), dequantized at each call.
 - **fp8 weights** (ComfyUI v0.8.0, ``UNETLoader`` ``weight_dtype`` fp8_e4m3fn / fp8_e5m2 with ``comfy.ops.manual_cast``):
   the weight is stored in the float8 dtype and cast to the input's dtype at each call.
 """
@@ -108,6 +112,36 @@ def quantize_gguf(model: nn.Module, tensor_type=lambda name: gguf.GGMLQuantizati
         packed = torch.from_numpy(gguf.quants.quantize(weight.numpy(), kind))
         layer.__class__ = GGMLLinear
         layer.weight = nn.Parameter(GGMLTensor(packed, tensor_type=kind, tensor_shape=weight.shape), False)
+        count += 1
+    return count
+
+
+class NeoGGUFLinear(nn.Module):
+    """Forge Neo's GGUF linear layer (see the module): no ``in_features``/``out_features``, a packed weight with the
+    logical ``shape``."""
+
+    def __init__(self, weight: GGMLTensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, False)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.weight.dequantized(x.dtype), bias)
+
+
+def neo_gguf(model: nn.Module, tensor_type=lambda name: gguf.GGMLQuantizationType.Q8_0) -> int:
+    """Replaces ``model``'s quantizable linear layers by :class:`NeoGGUFLinear` ones (``tensor_type(name)``), in
+    place; returns how many."""
+    count = 0
+    for name, layer in list(model.named_modules()):
+        if type(layer) is not nn.Linear or not _quantizable(layer):
+            continue
+        weight, kind = layer.weight.detach().float(), tensor_type(name)
+        packed = torch.from_numpy(gguf.quants.quantize(weight.numpy(), kind))
+        parent, _, child = name.rpartition(".")
+        neo = NeoGGUFLinear(GGMLTensor(packed, tensor_type=kind, tensor_shape=weight.shape), layer.bias)
+        setattr(model.get_submodule(parent) if parent else model, child, neo)
         count += 1
     return count
 

@@ -41,11 +41,15 @@ adaptive norms' modulation (diffusers' ``norm1.linear``, BFL's ``img_mod``/``mod
 def _layer_weights(layer: nn.Module) -> int:
     """The logical weights of a linear layer (``in_features`` × ``out_features``: torch's, and the hosts' own linear
     modules that are not ``nn.Linear``: ComfyUI's mixed-precision and Forge's operations, whatever packs the weight:
-    GGUF, fp8 with scales, nf4) or of a convolution (its weight's shape); 0 for anything else."""
+    GGUF, fp8 with scales, nf4; a leaf module with neither but a 2-D weight, as Forge Neo's GGUF ``Linear``, by that
+    weight's logical ``shape``) or of a convolution (its weight's shape); 0 for anything else (embeddings, norms)."""
     if hasattr(layer, "in_features") and hasattr(layer, "out_features"):
         return int(layer.in_features) * int(layer.out_features)
+    weight = getattr(layer, "weight", None)
     if isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
-        return math.prod(layer.weight.shape)
+        return math.prod(weight.shape)
+    if isinstance(weight, torch.Tensor) and len(weight.shape) == 2 and not isinstance(layer, nn.Embedding):
+        return 0 if next(layer.children(), None) is not None else math.prod(weight.shape)
     return 0
 
 
