@@ -134,6 +134,7 @@ LAB_MODULES = {
     "test_dit_anchors",
     "test_dit_costs",
     "test_dit_fidelity",
+    "test_dit_libraries",
     "test_dit_merge",
     "test_fidelity",
     "test_flux_model",

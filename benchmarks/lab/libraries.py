@@ -1,0 +1,319 @@
+"""The real libraries' caches as anchors on the trained FLUX-layout transformer (issue 36): cache-dit's DBCache (the
+first and last blocks it computes, ``Fn`` and ``Bn``; its residual threshold and warm-up; TaylorSeer orders 1–2 and
+FoCa as its calibrators; step masks, ours among them) and diffusers' cache hooks (First Block Cache, MagCache with
+its own calibration, TaylorSeer and its lite mode), applied through the libraries' public APIs, one image at a time
+as a user runs them.
+
+Every run is priced by what it executed: forward hooks inside each block (on its first adaptive norm, which a skipped
+block never reaches whichever way the library skips it, and on its attention, which diffusers' TaylorSeer skips alone)
+record, call by call, what computed; :func:`priced` turns that into FLUX.1's real width
+(:class:`benchmarks.lab.dit.BlockCosts`), with the model's outside and the library's own work: its signal (a
+residual's distance) where it decides by a threshold, its forecast where it extrapolates (diffusers' TaylorSeer: one per
+skipped module).
+
+Benchmark dependencies only (pinned in ``requirements-dev.txt``); nothing here enters ``tome_core``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from benchmarks.lab.dit import BlockCosts
+
+Params = tuple[tuple[str, object], ...]
+
+
+class Executed:
+    """What a FLUX-layout transformer computed, call by call: ``ran`` (per call, the blocks that computed: their first
+    adaptive norm ran) and ``attended`` (the blocks whose attention ran: its query projection); blocks numbered
+    double-stream first."""
+
+    def __init__(self, transformer: torch.nn.Module) -> None:
+        blocks = [*transformer.transformer_blocks, *transformer.single_transformer_blocks]
+        self.blocks = (len(transformer.transformer_blocks), len(transformer.single_transformer_blocks))
+        self.ran: list[set[int]] = []
+        self.attended: list[set[int]] = []
+        self._handles = [transformer.register_forward_pre_hook(self._call)]
+        for i, block in enumerate(blocks):
+            norm = block.norm1 if i < self.blocks[0] else block.norm
+            self._handles.append(norm.register_forward_hook(lambda *_, i=i: self.ran[-1].add(i)))
+            self._handles.append(block.attn.to_q.register_forward_hook(lambda *_, i=i: self.attended[-1].add(i)))
+
+    def _call(self, *_) -> None:
+        self.ran.append(set())
+        self.attended.append(set())
+
+    def clear(self) -> None:
+        self.ran.clear()
+        self.attended.clear()
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+def spans(ran: set[int], blocks: int) -> tuple[int, int, int]:
+    """A call's executed blocks as (head, tail, middle): the first ``head`` blocks, the last ``tail`` and any others."""
+    head = next((i for i in range(blocks) if i not in ran), blocks)
+    tail = 0 if head == blocks else next(j for j in range(blocks) if blocks - 1 - j not in ran)
+    return head, tail, len(ran) - head - tail
+
+
+def attention_shares(costs: BlockCosts) -> tuple[float, float]:
+    """Attention's share of a double- and a single-stream block at ``costs``' width, from their multiply-adds per
+    token (hidden d, N tokens): double: q, k, v, out (4d²) and attention (2Nd) of 4d² + 8d² (MLP) + 2Nd; single:
+    q, k, v (3d²) and attention of the block's 12d² + 2Nd. The blocks' times are measured; their split is not."""
+    c = costs.blocks
+    d, n = c.hidden, c.image_tokens + c.text_tokens
+    block = 12 * d * d + 2 * n * d
+    return (4 * d * d + 2 * n * d) / block, (3 * d * d + 2 * n * d) / block
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """What a library adds to a step at FLUX.1's width: ``signal`` (a residual's distance, at each call that decided),
+    ``forecast`` (at a skipped call: one forecast, or one per skipped FLUX.1 block where ``per_block``; at a full call,
+    its update)."""
+
+    signal: bool = False
+    forecast: bool = False
+    per_block: bool = False
+
+
+def priced(executed: Executed, costs: BlockCosts, overhead: Overhead) -> float:
+    """The speed-up over plain of the pass ``executed`` recorded, at FLUX.1's width: a call that ran every block and
+    its attention is a full step; one that ran every block, some without attention, runs all of FLUX.1's blocks with
+    the same fractions of each kind without attention; otherwise its first ``h`` and last ``t`` blocks are FLUX.1's
+    first ``h`` (double-stream) and last ``t`` (single-stream)."""
+    doubles, singles = executed.blocks
+    total, config = doubles + singles, costs.blocks
+    full, double, single = costs.full_step(), costs.cost("double"), costs.cost("single")
+    share_double, share_single = attention_shares(costs)
+    seconds = 0.0
+    for ran, attended in zip(executed.ran, executed.attended):
+        if len(ran) == total and len(attended) == total:
+            seconds += full + (costs.cost("calibration") if overhead.forecast else 0.0)
+            continue
+        if len(ran) == total:
+            no_attention_double = sum(i not in attended for i in range(doubles)) / doubles
+            no_attention_single = sum(i not in attended for i in range(doubles, total)) / singles
+            computed = config.double * double * (1 - no_attention_double * share_double)
+            computed += config.single * single * (1 - no_attention_single * share_single)
+            skipped = round(no_attention_double * config.double + no_attention_single * config.single)
+        else:
+            head, tail, middle = spans(ran, total)
+            computed = head * double + (tail + middle) * single
+            skipped = config.double + config.single - head - tail - middle
+        seconds += costs.cost("outside") + computed
+        if overhead.signal:
+            seconds += costs.cost("signal")
+        if overhead.forecast:
+            seconds += (skipped if overhead.per_block else 1) * costs.cost("calibrated")
+    return len(executed.ran) * full / seconds
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configuration of one library's cache: ``library`` ("cache-dit", "diffusers"), ``method`` and its
+    ``params`` (the libraries' own argument names)."""
+
+    library: str
+    method: str
+    params: Params
+
+    @property
+    def name(self) -> str:
+        return f"{self.library} {self.method} " + " ".join(f"{k}={_short(v)}" for k, v in self.params)
+
+    @property
+    def overhead(self) -> Overhead:
+        p = dict(self.params)
+        if self.library == "diffusers" and self.method == "taylorseer":
+            return Overhead(forecast=True, per_block=True)
+        return Overhead(signal=p.get("mask") is None, forecast=p.get("calibrator", "none") != "none")
+
+    @contextlib.contextmanager
+    def applied(self, transformer: torch.nn.Module, steps: int, ratios: list[float] | None = None) -> Iterator[None]:
+        """The cache on ``transformer`` for a pass of ``steps`` (``ratios``: MagCache's calibration), removed after.
+        diffusers' hooks keep their state in a cache context, which its pipelines open around the denoiser's calls:
+        one here (cond and uncond run batched in one call)."""
+        p = dict(self.params)
+        if self.library == "cache-dit":
+            remove, context = _cache_dit(transformer, steps, p), contextlib.nullcontext()
+        else:
+            remove, context = _diffusers(transformer, steps, self.method, p, ratios), transformer.cache_context("cfg")
+        try:
+            with context:
+                yield
+        finally:
+            remove()
+
+
+def _short(value: object) -> str:
+    if isinstance(value, tuple):
+        return "".join(str(v) for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _quiet() -> None:
+    for name in ("cache_dit", "diffusers"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    for name in logging.root.manager.loggerDict:
+        if name.startswith(("cache_dit", "diffusers")):
+            logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _cache_dit(transformer: torch.nn.Module, steps: int, p: dict) -> Callable[[], None]:
+    import cache_dit
+    from cache_dit import DBCacheConfig, FoCaCalibratorConfig, TaylorSeerCalibratorConfig
+
+    mask = p.get("mask")
+    config = DBCacheConfig(
+        Fn_compute_blocks=p["Fn"],
+        Bn_compute_blocks=p["Bn"],
+        residual_diff_threshold=p.get("threshold", 0.08),
+        max_warmup_steps=p.get("warmup", 0 if mask else 8),
+        num_inference_steps=steps,
+        enable_separate_cfg=False,  # cond and uncond run batched in one call
+        steps_computation_mask=None if mask is None else list(mask),
+        steps_computation_policy=p.get("policy", "dynamic"),
+    )
+    calibrator = {
+        "none": None,
+        "taylorseer": lambda: TaylorSeerCalibratorConfig(taylorseer_order=p.get("order", 1)),
+        "foca": lambda: FoCaCalibratorConfig(),
+    }[p.get("calibrator", "none")]
+    with contextlib.redirect_stdout(io.StringIO()):
+        cache_dit.enable_cache(transformer, cache_config=config, calibrator_config=calibrator and calibrator())
+    _quiet()
+
+    def remove() -> None:
+        with contextlib.redirect_stdout(io.StringIO()):
+            cache_dit.disable_cache(transformer)
+
+    return remove
+
+
+def _diffusers(transformer, steps: int, method: str, p: dict, ratios: list[float] | None) -> Callable[[], None]:
+    from diffusers import FirstBlockCacheConfig, MagCacheConfig, TaylorSeerCacheConfig
+
+    if method == "fbcache":
+        config = FirstBlockCacheConfig(threshold=p["threshold"])
+    elif method == "magcache":
+        config = MagCacheConfig(
+            threshold=p["threshold"],
+            max_skip_steps=p["max_skip_steps"],
+            retention_ratio=p["retention_ratio"],
+            num_inference_steps=steps,
+            mag_ratios=ratios,
+        )
+    else:
+        config = TaylorSeerCacheConfig(
+            cache_interval=p["cache_interval"],
+            disable_cache_before_step=p["disable_cache_before_step"],
+            max_order=p["max_order"],
+            taylor_factors_dtype=torch.float32,
+            use_lite_mode=p["use_lite_mode"],
+        )
+    transformer.enable_cache(config)
+    _quiet()
+    return transformer.disable_cache
+
+
+def magcache_ratios(transformer, sample: Callable[[int], None], images: int, steps: int) -> list[float]:
+    """diffusers' MagCache calibration as its documentation asks: ``MagCacheConfig(calibrate=True)`` over a pass,
+    the ratios it prints; here over ``images`` passes (``sample(i)``: image ``i``), averaged step by step."""
+    from diffusers import MagCacheConfig
+
+    runs = []
+    for i in range(images):
+        transformer.enable_cache(MagCacheConfig(calibrate=True, num_inference_steps=steps))
+        printed = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(printed), transformer.cache_context("cfg"):
+                sample(i)
+        finally:
+            transformer.disable_cache()
+        found = re.findall(r"\[([0-9eE+.,\s-]+)\]", printed.getvalue())
+        runs.append([float(x) for x in found[-1].split(",")])
+    return [sum(r[s] for r in runs) / len(runs) for s in range(steps)]
+
+
+def _grid(library: str, method: str, **axes: tuple) -> Iterator[Setting]:
+    keys = list(axes)
+    combos: list[list[tuple[str, object]]] = [[]]
+    for key in keys:
+        combos = [[*c, (key, v)] for c in combos for v in axes[key]]
+    for combo in combos:
+        yield Setting(library, method, tuple(combo))
+
+
+def uniform_mask(interval: int, steps: int) -> tuple[int, ...]:
+    """Our uniform schedule as a step mask: full at 0, N, 2N, … and the last step."""
+    full = {*range(0, steps, interval), steps - 1}
+    return tuple(int(i in full) for i in range(steps))
+
+
+def preset_mask(policy: str, steps: int) -> tuple[int, ...]:
+    """cache-dit's own step-mask preset (``slow``, ``medium``, ``fast``, ``ultra``) for ``steps``."""
+    import cache_dit
+
+    return tuple(cache_dit.steps_mask(mask_policy=policy, total_steps=steps))
+
+
+def settings(steps: int) -> list[Setting]:
+    """Every configuration the sweep measures: each library's menu (defaults, presets, documented ranges) and beyond
+    it, so that its frontier is found. cache-dit's ``Fn`` and ``Bn`` are counts of blocks, priced as FLUX.1's: up to
+    2 and 1 here, where the 9-block model's first two blocks are already 22 % of its depth (FLUX.1's: 4 %); its
+    default warm-up (8 steps, for 28–50-step runs) would leave 12 of 20 steps, so 1 and 3."""
+    calibrators = (
+        {"calibrator": ("none",)},
+        {"calibrator": ("taylorseer",), "order": (1, 2)},
+        {"calibrator": ("foca",)},
+    )
+    out: list[Setting] = []
+    for calibrator in calibrators:
+        out += _grid(
+            "cache-dit",
+            "dbcache",
+            Fn=(1, 2),
+            Bn=(0, 1),
+            warmup=(1, 3),
+            threshold=(0.04, 0.08, 0.12, 0.16, 0.24, 0.32, 0.48),
+            **calibrator,
+        )
+        masks = [uniform_mask(n, steps) for n in (2, 3, 4, 5, 6)]
+        masks += [preset_mask(p, steps) for p in ("slow", "medium", "fast", "ultra")]
+        out += _grid(
+            "cache-dit",
+            "dbcache",
+            Fn=(1,),
+            Bn=(0, 1),
+            mask=tuple(masks),
+            policy=("static",),
+            **calibrator,
+        )
+    out += _grid("diffusers", "fbcache", threshold=(0.02, 0.04, 0.06, 0.08, 0.1, 0.12, 0.16, 0.2, 0.3, 0.4))
+    out += _grid(
+        "diffusers",
+        "magcache",
+        threshold=(0.02, 0.04, 0.06, 0.1, 0.15, 0.24, 0.4),
+        max_skip_steps=(2, 3, 5),
+        retention_ratio=(0.1, 0.2),
+    )
+    out += _grid(
+        "diffusers",
+        "taylorseer",
+        cache_interval=(2, 3, 4, 5, 6),
+        disable_cache_before_step=(1, 3),
+        max_order=(1, 2),
+        use_lite_mode=(False, True),
+    )
+    return list({s.name: s for s in out}.values())  # (few steps make some masks alike)
