@@ -3,8 +3,9 @@
 - **GGUF** (city96/ComfyUI-GGUF at 795e451, ``ops.py``): a layer's weight is a ``GGMLTensor``, a tensor of the packed
   GGML bytes (``numel()`` counts bytes) whose ``shape`` is the logical one and whose ``detach``/``clone`` return
   itself (so ``nn.Parameter`` keeps it); ``GGMLLayer`` dequantizes it to the input's dtype at each call. The packing
-  is the ``gguf`` package's own (``gguf.quants``), as that repository's ``tools/convert.py`` writes files; as there,
-  1-D and small tensors (≤ 1,024 values) and rows not a multiple of the block stay float.
+  is the ``gguf`` package's own (``gguf.quants``), as that repository's ``tools/convert.py`` writes files, and for
+  Q4_K (which that package reads but cannot write) :func:`quantize_q4_k`'s; as there, 1-D and small tensors (≤ 1,024
+  values) and rows not a multiple of the block stay float.
 - **scaled fp8** (ComfyUI v0.8.0, ``comfy/ops.py`` ``mixed_precision_ops``, which loads the ``scaled_fp8`` checkpoints
   it converts in ``comfy/utils.py`` ``convert_old_quants``): the layer is a plain ``nn.Module`` with ``in_features``
   and ``out_features``, not an ``nn.Linear`` (as Forge's ``ForgeOperations.Linear`` is too), its weight float8_e4m3fn
@@ -20,6 +21,7 @@
 from __future__ import annotations
 
 import gguf
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -27,6 +29,39 @@ from torch.nn import functional as F
 from benchmarks.lab.quantized import recast_linears
 
 QUANTIZATION_THRESHOLD = 1024  # tools/convert.py: tensors this small stay float
+Q4_K = gguf.GGMLQuantizationType.Q4_K
+
+
+def quantize_q4_k(values: np.ndarray) -> np.ndarray:
+    """GGML's Q4_K packing of float rows (a multiple of 256 values each), which the ``gguf`` package reads but cannot
+    write: per super-block of 256, fp16 ``d`` and ``dmin``, eight 6-bit scales and mins (12 bytes, laid out as ggml's
+    ``get_scale_min_k4`` reads them) and 128 bytes of 4-bit quants, ``x ≈ d·sc·q − dmin·m`` per sub-block of 32
+    (each sub-block's own range, not ggml's search for the best one)."""
+    rows = values.astype(np.float32).reshape(-1, 8, 32)
+    low = np.minimum(rows.min(-1), 0.0)
+    scale, mins = (rows.max(-1) - low) / 15, -low
+    d16, dmin16 = (
+        (scale.max(-1, keepdims=True) / 63).astype(np.float16),
+        (mins.max(-1, keepdims=True) / 63).astype(np.float16),
+    )
+    d, dmin = d16.astype(np.float32), dmin16.astype(np.float32)
+    sc = np.clip(np.rint(np.divide(scale, d, out=np.zeros_like(scale), where=d > 0)), 0, 63).astype(np.uint8)
+    m = np.clip(np.rint(np.divide(mins, dmin, out=np.zeros_like(mins), where=dmin > 0)), 0, 63).astype(np.uint8)
+    step = (d * sc)[..., None]
+    shifted = rows + (dmin * m)[..., None]
+    q = np.clip(np.rint(np.divide(shifted, step, out=np.zeros_like(rows), where=step > 0)), 0, 15).astype(np.uint8)
+    scales = np.empty((len(rows), 12), np.uint8)
+    scales[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
+    scales[:, 4:8] = m[:, 0:4] | ((m[:, 4:8] >> 4) << 6)
+    scales[:, 8:12] = (sc[:, 4:8] & 0xF) | ((m[:, 4:8] & 0xF) << 4)
+    quants = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(len(rows), 128)  # sub-blocks 2k and 2k+1 share bytes
+    blocks = np.concatenate([d16.view(np.uint8), dmin16.view(np.uint8), scales, quants], axis=1)
+    return blocks.reshape(*values.shape[:-1], values.shape[-1] // 256 * 144)
+
+
+def pack(values: np.ndarray, kind: gguf.GGMLQuantizationType) -> np.ndarray:
+    """``values`` packed as GGML ``kind`` (the ``gguf`` package's packing; :func:`quantize_q4_k` for Q4_K)."""
+    return quantize_q4_k(values) if kind == Q4_K else gguf.quants.quantize(values, kind)
 
 
 class GGMLTensor(torch.Tensor):
@@ -96,8 +131,9 @@ def scaled_fp8(model: nn.Module) -> int:
     return len(linears)
 
 
-def _quantizable(layer: nn.Linear) -> bool:
-    return layer.weight.numel() > QUANTIZATION_THRESHOLD and layer.in_features % 32 == 0
+def _quantizable(layer: nn.Linear, kind: gguf.GGMLQuantizationType | None = None) -> bool:
+    block = 256 if kind == Q4_K else 32
+    return layer.weight.numel() > QUANTIZATION_THRESHOLD and layer.in_features % block == 0
 
 
 def quantize_gguf(model: nn.Module, tensor_type=lambda name: gguf.GGMLQuantizationType.Q8_0) -> int:
@@ -105,11 +141,11 @@ def quantize_gguf(model: nn.Module, tensor_type=lambda name: gguf.GGMLQuantizati
     returns how many."""
     count = 0
     for name, layer in list(model.named_modules()):
-        kind = tensor_type(name) if type(layer) is nn.Linear and _quantizable(layer) else None
-        if kind is None:
+        kind = tensor_type(name) if type(layer) is nn.Linear else None
+        if kind is None or not _quantizable(layer, kind):
             continue
         weight = layer.weight.detach().float()
-        packed = torch.from_numpy(gguf.quants.quantize(weight.numpy(), kind))
+        packed = torch.from_numpy(pack(weight.numpy(), kind))
         layer.__class__ = GGMLLinear
         layer.weight = nn.Parameter(GGMLTensor(packed, tensor_type=kind, tensor_shape=weight.shape), False)
         count += 1
@@ -135,10 +171,11 @@ def neo_gguf(model: nn.Module, tensor_type=lambda name: gguf.GGMLQuantizationTyp
     place; returns how many."""
     count = 0
     for name, layer in list(model.named_modules()):
-        if type(layer) is not nn.Linear or not _quantizable(layer):
+        kind = tensor_type(name) if type(layer) is nn.Linear else None
+        if kind is None or not _quantizable(layer, kind):
             continue
-        weight, kind = layer.weight.detach().float(), tensor_type(name)
-        packed = torch.from_numpy(gguf.quants.quantize(weight.numpy(), kind))
+        weight = layer.weight.detach().float()
+        packed = torch.from_numpy(pack(weight.numpy(), kind))
         parent, _, child = name.rpartition(".")
         neo = NeoGGUFLinear(GGMLTensor(packed, tensor_type=kind, tensor_shape=weight.shape), layer.bias)
         setattr(model.get_submodule(parent) if parent else model, child, neo)

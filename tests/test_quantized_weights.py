@@ -7,9 +7,10 @@ from __future__ import annotations
 import math
 
 import gguf
+import numpy as np
 import pytest
 import torch
-from quantized_weights import GGMLTensor, cast_weights, neo_gguf, quantize_gguf, scaled_fp8
+from quantized_weights import GGMLTensor, cast_weights, neo_gguf, quantize_gguf, quantize_q4_k, scaled_fp8
 
 import tome_core
 from benchmarks.lab import dit
@@ -17,7 +18,7 @@ from benchmarks.lab.trained import data, flux
 from benchmarks.lab.trained.loading import load_flux
 from tome_core.families import layout_for
 
-Q8, Q4 = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0
+Q8, Q4, Q4K = gguf.GGMLQuantizationType.Q8_0, gguf.GGMLQuantizationType.Q4_0, gguf.GGMLQuantizationType.Q4_K
 STEPS = 8
 
 
@@ -165,23 +166,37 @@ def _video(model, settings=None) -> tuple[torch.Tensor, int]:
     return x, cached
 
 
-@pytest.mark.parametrize("weights", ["Q8_0", "Q4_0", "fp8_e4m3fn", "scaled_fp8", "Neo Q8_0", "Neo Q4_0"])
+def test_the_q4_k_packing_is_read_back_by_the_gguf_package():
+    """The K-quant double's bytes are GGML's Q4_K: ``gguf``'s own reader dequantizes them to within 4-bit error."""
+    values = np.random.default_rng(0).standard_normal((8, 512)).astype(np.float32)
+    packed = quantize_q4_k(values)
+    assert packed.shape == (8, 2 * 144) and packed.dtype == np.uint8
+    back = gguf.quants.dequantize(packed, Q4K)
+    error = np.abs(back - values).mean() / np.abs(values).mean()
+    q4_0 = gguf.quants.dequantize(gguf.quants.quantize(values, Q4), Q4)
+    assert error < 0.1 and error < np.abs(q4_0 - values).mean() / np.abs(values).mean() * 1.1
+
+
+@pytest.mark.parametrize(
+    "weights", ["Q8_0", "Q4_0", "Q4_K", "fp8_e4m3fn", "scaled_fp8", "Neo Q8_0", "Neo Q4_0", "Neo Q4_K"]
+)
 def test_the_cache_runs_on_a_wan_video_model_with_quantized_weights(weights):
     from wan_double import WanModel
 
     settings = MODE.settings()
-    reference = WanModel(dim=64, seed=3).eval().requires_grad_(False)
+    dim = 256 if weights.endswith("K") else 64  # K-quants pack rows of 256
+    reference = WanModel(dim=dim, seed=3).eval().requires_grad_(False)
     float_share = layout_for(reference, 0).skipped_share((3, 8, 8))
     float_psnr = _psnr(_video(reference, settings)[0], _video(reference)[0])
-    model = WanModel(dim=64, seed=3).eval().requires_grad_(False)
+    model = WanModel(dim=dim, seed=3).eval().requires_grad_(False)
     if weights == "scaled_fp8":
         assert scaled_fp8(model) > 4
     elif weights.startswith("fp8"):
         assert cast_weights(model) > 4
     elif weights.startswith("Neo"):
-        assert neo_gguf(model, lambda _: {"Neo Q8_0": Q8, "Neo Q4_0": Q4}[weights]) > 4
+        assert neo_gguf(model, lambda _: {"Neo Q8_0": Q8, "Neo Q4_0": Q4, "Neo Q4_K": Q4K}[weights]) > 4
     else:
-        assert quantize_gguf(model, lambda _: {"Q8_0": Q8, "Q4_0": Q4}[weights]) > 4
+        assert quantize_gguf(model, lambda _: {"Q8_0": Q8, "Q4_0": Q4, "Q4_K": Q4K}[weights]) > 4
     assert layout_for(model, 0).skipped_share((3, 8, 8)) == pytest.approx(float_share, abs=1e-12)
     plain, _ = _video(model)
     cached, count = _video(model, settings)
