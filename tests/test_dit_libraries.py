@@ -126,3 +126,12 @@ def test_a_quick_run_sweeps_runs_each_frontier_and_ours_and_renders(costs):
         {"seeds": 2, "sweep_seeds": 2, "steps": 4, "seconds": 1.0, "versions": {"cache-dit": "x", "diffusers": "y"}},
     )
     assert text.startswith(dit_libraries.BEGIN) and "| ≥ 2× |" in text and "ours: `ours-N3`" in text
+
+
+def test_ours_again_keeps_the_libraries_runs_and_measures_ours_anew(costs):
+    library_run = {"library": "diffusers", "name": "x", "psnr_per_seed": [30.0, 31.0], "psnr": 30.5, "speed": 2.5}
+    stale = {"library": "ours", "name": "ours-N9", "psnr_per_seed": [1.0, 1.0], "psnr": 1.0, "speed": 9.0}
+    saved = ({"magcache_ratios": [1.0], "sweep": [], "final": {"x": library_run, "ours-N9": stale}}, {"seeds": 2})
+    results, meta = dit_libraries.ours_again(2, 4, _model(), costs, saved, lambda _: None)
+    assert results["final"]["x"] == library_run and "ours-N9" not in results["final"] and meta == {"seeds": 2}
+    assert [k for k in results["final"] if k != "x"] == [m.name for m in dit_libraries.OURS]
