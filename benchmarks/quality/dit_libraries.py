@@ -77,7 +77,8 @@ def run_setting(models: dict, setting: L.Setting, noise, labels, plain, steps: i
 
 
 def run(seeds: int, sweep_seeds: int, steps: int, load, settings: list[L.Setting], costs: BlockCosts, log) -> dict:
-    # one copy of the model per library: cache-dit patches the blocks' forwards for as long as the process lives
+    """The sweep (``settings`` on the first ``sweep_seeds`` seeds), each library's frontier and ours on ``seeds``;
+    ``load()`` gives a model: one per library, as cache-dit patches its blocks' forwards for the process's life."""
     models = {"cache-dit": load(), "diffusers": load(), "ours": load()}
     noise, labels = noise_for(range(seeds), flux.SIZE, flux.CHANNELS), labels_for(range(seeds), len(data.CLASSES))
     plain, _ = sample(models["ours"], noise, labels, steps)
@@ -156,7 +157,7 @@ def section(results: dict, meta: dict) -> str:
         f"The trained FLUX-layout model (`benchmarks/lab/trained/weights/flux.md`), {meta['steps']} flow-matching Euler "
         f"steps, CFG {CFG:g}. cache-dit {meta['versions']['cache-dit']} and diffusers {meta['versions']['diffusers']} "
         f"through their own APIs, image by image; {len(results['sweep'])} settings swept on {meta['sweep_seeds']} seeds, "
-        f"each library's frontier of that sweep and ours (linear, uniform, N = 2 … 6) on {meta['seeds']} seeds; "
+        f"each library's frontier of that sweep and ours (linear, uniform, N = {', '.join(m.name.removeprefix('ours-N') for m in OURS)}) on {meta['seeds']} seeds; "
         f"speed-up: the blocks each call executed, priced at FLUX.1's real width; {meta['seconds'] / 60:.0f} min "
         "(1 torch thread).",
         "",
