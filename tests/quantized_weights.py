@@ -126,8 +126,7 @@ def scaled_fp8(model: nn.Module) -> int:
     """Replaces ``model``'s linear layers by :class:`ScaledFp8Linear` ones, in place; returns how many."""
     linears = [(name, layer) for name, layer in model.named_modules() if type(layer) is nn.Linear]
     for name, layer in linears:
-        parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent) if parent else model, child, ScaledFp8Linear(layer))
+        _replace(model, name, ScaledFp8Linear(layer))
     return len(linears)
 
 
@@ -136,51 +135,54 @@ def _quantizable(layer: nn.Linear, kind: gguf.GGMLQuantizationType | None = None
     return layer.weight.numel() > QUANTIZATION_THRESHOLD and layer.in_features % block == 0
 
 
-def quantize_gguf(model: nn.Module, tensor_type=lambda name: gguf.GGMLQuantizationType.Q8_0) -> int:
-    """Gives ``model``'s linear layers GGUF weights, ``tensor_type(name)`` per layer (None: stays float), in place;
-    returns how many."""
-    count = 0
+def _packed_linears(model: nn.Module, tensor_type) -> list[tuple[str, nn.Linear, GGMLTensor]]:
+    """``model``'s quantizable ``nn.Linear`` layers with their weights packed as ``tensor_type(name)`` (None: the
+    layer stays float)."""
+    out = []
     for name, layer in list(model.named_modules()):
         kind = tensor_type(name) if type(layer) is nn.Linear else None
         if kind is None or not _quantizable(layer, kind):
             continue
         weight = layer.weight.detach().float()
         packed = torch.from_numpy(pack(weight.numpy(), kind))
+        out.append((name, layer, GGMLTensor(packed, tensor_type=kind, tensor_shape=weight.shape)))
+    return out
+
+
+def _replace(model: nn.Module, name: str, layer: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, layer)
+
+
+def quantize_gguf(model: nn.Module, tensor_type=lambda name: gguf.GGMLQuantizationType.Q8_0) -> int:
+    """Gives ``model``'s linear layers GGUF weights, ``tensor_type(name)`` per layer (None: stays float), in place;
+    returns how many."""
+    packed = _packed_linears(model, tensor_type)
+    for _, layer, weight in packed:
         layer.__class__ = GGMLLinear
-        layer.weight = nn.Parameter(GGMLTensor(packed, tensor_type=kind, tensor_shape=weight.shape), False)
-        count += 1
-    return count
+        layer.weight = nn.Parameter(weight, False)
+    return len(packed)
 
 
 class NeoGGUFLinear(nn.Module):
     """Forge Neo's GGUF linear layer (see the module): no ``in_features``/``out_features``, a packed weight with the
-    logical ``shape``."""
+    logical ``shape``; it computes as :class:`GGMLLinear`."""
 
     def __init__(self, weight: GGMLTensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, False)
         self.bias = bias
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, self.weight.dequantized(x.dtype), bias)
+    forward = GGMLLinear.forward
 
 
 def neo_gguf(model: nn.Module, tensor_type=lambda name: gguf.GGMLQuantizationType.Q8_0) -> int:
     """Replaces ``model``'s quantizable linear layers by :class:`NeoGGUFLinear` ones (``tensor_type(name)``), in
     place; returns how many."""
-    count = 0
-    for name, layer in list(model.named_modules()):
-        kind = tensor_type(name) if type(layer) is nn.Linear else None
-        if kind is None or not _quantizable(layer, kind):
-            continue
-        weight = layer.weight.detach().float()
-        packed = torch.from_numpy(pack(weight.numpy(), kind))
-        parent, _, child = name.rpartition(".")
-        neo = NeoGGUFLinear(GGMLTensor(packed, tensor_type=kind, tensor_shape=weight.shape), layer.bias)
-        setattr(model.get_submodule(parent) if parent else model, child, neo)
-        count += 1
-    return count
+    packed = _packed_linears(model, tensor_type)
+    for name, layer, weight in packed:
+        _replace(model, name, NeoGGUFLinear(weight, layer.bias))
+    return len(packed)
 
 
 def cast_weights(model: nn.Module, dtype: torch.dtype = torch.float8_e4m3fn) -> int:
