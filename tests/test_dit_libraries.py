@@ -93,6 +93,8 @@ def test_the_sweep_covers_each_librarys_menu():
     assert "diffusers taylorseer cache_interval=5 disable_cache_before_step=3 max_order=1 use_lite_mode=True" in names
     assert any(n.startswith("cache-dit dbcache Fn=1 Bn=0 mask=10010010010010010011") for n in names)  # ours, N=3
     assert any("calibrator=foca" in n for n in names) and any("order=2" in n for n in names)
+    assert any(n.startswith("cache-dit dbcache Fn=1 Bn=0 mask=10000000100000001001") for n in names)  # ours, N=8
+    assert "diffusers pab spatial_attention_block_skip_range=4 spatial_attention_timestep_skip_range=-1,1001" in names
 
 
 def test_the_frontier_keeps_what_nothing_beats():
@@ -135,3 +137,28 @@ def test_ours_again_keeps_the_libraries_runs_and_measures_ours_anew(costs):
     results, meta = dit_libraries.ours_again(2, 4, _model(), costs, saved, lambda _: None)
     assert results["final"]["x"] == library_run and "ours-N9" not in results["final"] and meta == {"seeds": 2}
     assert [k for k in results["final"] if k != "x"] == [m.name for m in dit_libraries.OURS]
+
+
+def test_pyramid_attention_broadcast_reuses_attention_in_its_timestep_range_and_is_priced_by_its_share(costs):
+    model = _model()
+    executed = L.Executed(model.transformer)
+    plain = _pass(model, None, executed)
+    params = (("spatial_attention_block_skip_range", 2), ("spatial_attention_timestep_skip_range", (100, 800)))
+    setting = L.Setting("diffusers", "pab", params)
+    cached = _pass(model, setting, executed)
+    assert (
+        setting.name
+        == "diffusers pab spatial_attention_block_skip_range=2 spatial_attention_timestep_skip_range=100,800"
+    )
+    sigmas = flux.sigmas(STEPS, (flux.SIZE // flux.PATCH) ** 2)[:-1]
+    # every other call in (100, 800) on diffusers' 0–1000 scale reuses every block's attention; the blocks all run
+    reused = [i for i, attended in enumerate(executed.attended) if not attended]
+    inside = [i for i, s in enumerate(sigmas) if 100 < 1000 * s < 800]
+    assert reused and set(reused) <= set(inside) and all(i - 1 not in reused for i in reused)
+    assert all(len(ran) == 9 for ran in executed.ran) and not torch.equal(cached, plain)
+    share_double, share_single = L.attention_shares(costs)
+    c, full = costs.blocks, costs.full_step()
+    reusing = costs.cost("outside") + c.double * 2.0 * (1 - share_double) + c.single * 1.0 * (1 - share_single)
+    expected = STEPS * full / ((STEPS - len(reused)) * full + len(reused) * reusing)  # nothing forecast, no signal
+    assert L.priced(executed, costs, setting.overhead) == pytest.approx(expected)
+    assert torch.equal(_pass(model, None, executed), plain)

@@ -1,12 +1,13 @@
 """The real libraries' caches as anchors on the trained FLUX-layout transformer (issue 36): cache-dit's DBCache (the
 first and last blocks it computes, ``Fn`` and ``Bn``; its residual threshold and warm-up; TaylorSeer orders 1–2 and
 FoCa as its calibrators; step masks, ours among them) and diffusers' cache hooks (First Block Cache, MagCache with
-its own calibration, TaylorSeer and its lite mode), applied through the libraries' public APIs, one image at a time
-as a user runs them.
+its own calibration, TaylorSeer and its lite mode, Pyramid Attention Broadcast), applied through the libraries'
+public APIs, one image at a time as a user runs them. (diffusers' FasterCache is not among them: it reads the batch as
+[uncond, cond], where this lab's is [cond, uncond].)
 
 Every run is priced by what it executed: forward hooks inside each block (on its first adaptive norm, which a skipped
-block never reaches whichever way the library skips it, and on its attention, which diffusers' TaylorSeer skips alone)
-record, call by call, what computed; :func:`priced` turns that into FLUX.1's real width
+block never reaches whichever way the library skips it, and on its attention, which diffusers' TaylorSeer and PAB
+skip alone) record, call by call, what computed; :func:`priced` turns that into FLUX.1's real width
 (:class:`benchmarks.lab.dit.BlockCosts`), with the model's outside and the library's own work: its signal (a
 residual's distance) where it decides by a threshold, its forecast where it extrapolates (diffusers' TaylorSeer: one per
 skipped module).
@@ -137,6 +138,8 @@ class Setting:
         p = dict(self.params)
         if self.library == "diffusers" and self.method == "taylorseer":
             return Overhead(forecast=True, per_block=True)
+        if self.method == "pab":  # a kept attention output, reused as it is
+            return Overhead()
         return Overhead(signal=p.get("mask") is None, forecast=p.get("calibrator", "none") != "none")
 
     @contextlib.contextmanager
@@ -157,8 +160,8 @@ class Setting:
 
 
 def _short(value: object) -> str:
-    if isinstance(value, tuple):
-        return "".join(str(v) for v in value)
+    if isinstance(value, tuple):  # a step mask's 0s and 1s run together; other pairs keep a comma
+        return ("" if set(value) <= {0, 1} else ",").join(str(v) for v in value)
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -202,8 +205,9 @@ def _cache_dit(transformer: torch.nn.Module, steps: int, p: dict) -> Callable[[]
 
 
 def _diffusers(transformer, steps: int, method: str, p: dict, ratios: list[float] | None) -> Callable[[], None]:
-    from diffusers import FirstBlockCacheConfig, MagCacheConfig, TaylorSeerCacheConfig
+    from diffusers import FirstBlockCacheConfig, MagCacheConfig, PyramidAttentionBroadcastConfig, TaylorSeerCacheConfig
 
+    clock = None
     if method == "fbcache":
         config = FirstBlockCacheConfig(threshold=p["threshold"])
     elif method == "magcache":
@@ -213,6 +217,18 @@ def _diffusers(transformer, steps: int, method: str, p: dict, ratios: list[float
             retention_ratio=p["retention_ratio"],
             num_inference_steps=steps,
             mag_ratios=ratios,
+        )
+    elif method == "pab":
+        now = [0.0]  # the transformer's timestep on diffusers' 0–1000 scale, as its pipelines pass it to PAB
+
+        def tick(_, args, kwargs) -> None:
+            now[0] = float(kwargs["timestep"].flatten()[0]) * 1000
+
+        clock = transformer.register_forward_pre_hook(tick, with_kwargs=True)
+        config = PyramidAttentionBroadcastConfig(
+            spatial_attention_block_skip_range=p["spatial_attention_block_skip_range"],
+            spatial_attention_timestep_skip_range=p["spatial_attention_timestep_skip_range"],
+            current_timestep_callback=lambda: now[0],
         )
     else:
         config = TaylorSeerCacheConfig(
@@ -224,7 +240,13 @@ def _diffusers(transformer, steps: int, method: str, p: dict, ratios: list[float
         )
     transformer.enable_cache(config)
     _quiet()
-    return transformer.disable_cache
+
+    def remove() -> None:
+        transformer.disable_cache()
+        if clock is not None:
+            clock.remove()
+
+    return remove
 
 
 def magcache_ratios(transformer, sample: Callable[[int], None], images: int, steps: int) -> list[float]:
@@ -289,7 +311,7 @@ def settings(steps: int) -> list[Setting]:
             threshold=(0.04, 0.08, 0.12, 0.16, 0.24, 0.32, 0.48),
             **calibrator,
         )
-        masks = [uniform_mask(n, steps) for n in (2, 3, 4, 5, 6)]
+        masks = [uniform_mask(n, steps) for n in (2, 3, 4, 5, 6, 7, 8)]
         masks += [preset_mask(p, steps) for p in ("slow", "medium", "fast", "ultra")]
         out += _grid(
             "cache-dit",
@@ -315,5 +337,11 @@ def settings(steps: int) -> list[Setting]:
         disable_cache_before_step=(1, 3),
         max_order=(1, 2),
         use_lite_mode=(False, True),
+    )
+    out += _grid(
+        "diffusers",
+        "pab",
+        spatial_attention_block_skip_range=(2, 3, 4, 5, 6),
+        spatial_attention_timestep_skip_range=((100, 800), (50, 950), (-1, 1001)),
     )
     return list({s.name: s for s in out}.values())  # (few steps make some masks alike)
