@@ -1,6 +1,7 @@
 """The step cache on the one-chain diffusion transformers as ComfyUI runs them (issue 26): ``tome_core.families.chain``
 on the doubles of Wan (``tests/wan_double.py``: cross-attention, CFG as cond/uncond streams, video latents), Lumina 2 /
-Z-Image, Qwen-Image, SD3 / SD3.5 and Cosmos Predict2 (``tests/chain_doubles.py``)."""
+Z-Image, Qwen-Image, SD3 / SD3.5 and Cosmos Predict2 (``tests/chain_doubles.py``); and on diffusers' own Wan
+transformer (the lab's Wan-layout model), random and small."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from chain_doubles import MiniTrainDIT, NextDiT, OpenAISignatureMMDITWrapper, Qw
 from wan_double import WanModel
 
 import tome_core
-from tome_core.families import ComfyCosmos, ComfyLumina, ComfyMMDiT, ComfyQwenImage, ComfyWan, layout_for
+from tome_core.families import (
+    ComfyCosmos,
+    ComfyLumina,
+    ComfyMMDiT,
+    ComfyQwenImage,
+    ComfyWan,
+    DiffusersWan,
+    layout_for,
+)
 from tome_core.settings import SettingsError, ToMeSettings
 
 OFF = ToMeSettings(ratio=0.0, cache=True, cache_interval=2, cache_forecast="off", cache_schedule="uniform")
@@ -75,33 +84,62 @@ def test_another_video_length_gets_a_fresh_cache(model):
 # --- every chain family ------------------------------------------------------------------------------------------
 
 
+COMFY = {"transformer_options": {}}
+
+
+def diffusers_wan(seed: int) -> torch.nn.Module:
+    """diffusers' ``WanTransformer3DModel`` at a toy width, random from ``seed``."""
+    from diffusers import WanTransformer3DModel
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return WanTransformer3DModel(
+            patch_size=(1, 2, 2),
+            num_attention_heads=2,
+            attention_head_dim=12,
+            in_channels=4,
+            out_channels=4,
+            text_dim=32,
+            freq_dim=32,
+            ffn_dim=48,
+            num_layers=4,
+        )
+
+
+def _diffusers_wan(model, i, s):
+    x = torch.randn(2, 4, 3, 8, 8, generator=torch.Generator().manual_seed(1)) + 0.1 * i
+    context = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))
+    return (x, torch.full((2,), 1000 * s), context), {"return_dict": False}
+
+
 def _wan(model, i, s):
     x = torch.randn(2, 4, 3, 8, 8, generator=torch.Generator().manual_seed(1)) + 0.1 * i
-    return (x, torch.full((2,), 1000 * s), torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))), {}
+    return (x, torch.full((2,), 1000 * s), torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))), COMFY
 
 
 def _lumina(model, i, s):
     x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(1)) + 0.1 * i
-    return (x, torch.full((2,), 1 - s), torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2)), 5), {}
+    return (x, torch.full((2,), 1 - s), torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2)), 5), COMFY
 
 
 def _qwen(model, i, s):
     x = torch.randn(2, 4, 1, 8, 8, generator=torch.Generator().manual_seed(1)) + 0.1 * i
-    return (x, torch.full((2,), s), torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))), {}
+    return (x, torch.full((2,), s), torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))), COMFY
 
 
 def _mmdit(model, i, s):
     x = torch.randn(2, 4, 8, 8, generator=torch.Generator().manual_seed(1)) + 0.1 * i
-    return (x, torch.full((2,), 1000 * s), torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))), {}
+    return (x, torch.full((2,), 1000 * s), torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))), COMFY
 
 
 def _cosmos(model, i, s):
     x = torch.randn(2, 4, 2, 8, 8, generator=torch.Generator().manual_seed(1)) + 0.1 * i
-    return (x, torch.full((2,), s), torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))), {}
+    return (x, torch.full((2,), s), torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(2))), COMFY
 
 
 CHAINS = {
     "wan": (WanModel, ComfyWan, "blocks", "head", _wan),
+    "diffusers-wan": (diffusers_wan, DiffusersWan, "blocks", "norm_out", _diffusers_wan),
     "lumina": (NextDiT, ComfyLumina, "layers", "final_layer", _lumina),
     "qwen": (QwenImageTransformer2DModel, ComfyQwenImage, "transformer_blocks", "norm_out", _qwen),
     "mmdit": (OpenAISignatureMMDITWrapper, ComfyMMDiT, "joint_blocks", "final_layer", _mmdit),
@@ -123,7 +161,8 @@ def _steps(chain, patch=None, sigmas=(0.9, 0.8, 0.7, 0.6, 0.5)):
             if patch is not None:
                 patch.set_progress(i / len(sigmas), len(sigmas))
             args, kwargs = call(model, i, s)
-            outs.append(model(*args, transformer_options={}, **kwargs))
+            out = model(*args, **kwargs)
+            outs.append(out[0] if isinstance(out, tuple) else out)  # diffusers' (sample,)
     return outs
 
 
@@ -182,7 +221,7 @@ def test_sd3s_controlnet_residuals_of_skipped_blocks_come_from_the_forecast_and_
                     patch.set_progress(i / len(sigmas), len(sigmas))
                     (x, t, ctx), _ = _mmdit(model, i, s)
                     c = at_step_1 if i == 1 and at_step_1 is not None else control
-                    outs.append(model(x, t, ctx, control=c, transformer_options={}))
+                    outs.append(model(x, t, ctx, control=c, **COMFY))
             assert patch.report().cache.cached == 1
         finally:
             tome_core.remove_patch(model)

@@ -90,7 +90,7 @@ def test_the_classifier_recognises_the_training_distribution():
     assert accuracy > 0.9  # the judge must be able to judge; the benchmark reports the samples' accuracy
 
 
-@pytest.mark.parametrize("model", ["sd15", "sdxl", "flux", "classifier"])
+@pytest.mark.parametrize("model", ["sd15", "sdxl", "flux", "wan", "classifier"])
 def test_training_script_runs_a_few_steps(model, tmp_path):
     out = subprocess.run(
         [

@@ -3,7 +3,9 @@
 * Wan 2.1 / 2.2, VACE, camera (``comfy/ldm/wan/model.py`` ``WanModel``; Neo ``backend/nn/wan.py``): ``blocks``,
   each ``block(x, e=, freqs=, context=, ...)`` returning the token stream (text enters by cross-attention), then
   ``head(x, e)``; the timestep is the flow-matching sigma times 1000 already. VACE adds its residuals in place after
-  blocks of the chain.
+  blocks of the chain. diffusers' ``WanTransformer3DModel`` (the lab's Wan-layout model) is the same chain under
+  other names: ``blocks``, each ``block(hidden_states, encoder_hidden_states, temb, rotary_emb)``, then
+  ``norm_out(hidden_states.float())``, the modulation and ``proj_out``; its timestep too is the sigma times 1000.
 * Lumina 2 and Z-Image (``comfy/ldm/lumina/model.py`` ``NextDiT``; Neo ``backend/nn/lumina.py``): ``layers``, each ``layer(x, mask, freqs_cis,
   adaln_input, ...)`` returning the joint stream (caption tokens, then image tokens), then ``final_layer(x, c)``; the
   timestep is the sigma (0–1).
@@ -47,6 +49,8 @@ class ChainLayout(ResidualLayout):
     least = 2
     time: ClassVar[tuple[float, str, str]] = (1.0, "timestep", "timesteps")
     """What makes the root's timestep 0–1000, and its argument's names (ComfyUI's and Neo's differ)."""
+    stream_arg: ClassVar[str] = "x"
+    """The name of the root's and the blocks' first argument, the token stream."""
 
     def split(self, lists: list[list[nn.Module]], branch: int) -> tuple[nn.Module, list[nn.Module]]:
         (blocks,) = lists
@@ -57,19 +61,27 @@ class ChainLayout(ResidualLayout):
     def place(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, Any]:
         scale, *names = self.time
         t = next((t for name in names if (t := call_arg(module, args, kwargs, name)) is not None), None)
-        return _first(args, kwargs), sigma_time(t, scale)
+        return _first(args, kwargs, self.stream_arg), sigma_time(t, scale)
 
     def stream_in(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
-        return _first(args, kwargs)
+        return _first(args, kwargs, self.stream_arg)
 
     def pass_on(self, index: int, args: tuple, kwargs: dict) -> Any:
-        return _first(args, kwargs)
+        return _first(args, kwargs, self.stream_arg)
 
 
 class ComfyWan(ChainLayout):
     """Wan as ComfyUI and Forge Neo run it."""
 
     names = ("blocks", "head", "patch_embedding")
+
+
+class DiffusersWan(ChainLayout):
+    """Wan as diffusers' ``WanTransformer3DModel`` runs it."""
+
+    names = ("blocks", "norm_out", "condition_embedder")
+    stream_arg = "hidden_states"
+    entry_arg = "input"  # ``FP32LayerNorm.forward(input)``
 
 
 class ComfyLumina(ChainLayout):

@@ -69,23 +69,33 @@ def _font(name: str, px: int) -> ImageFont.FreeTypeFont:
     return ImageFont.truetype(str(path), px)
 
 
-def _background(rng: np.random.Generator, size: int) -> np.ndarray:
-    """A random crop of a random photograph, resized to ``size`` and dimmed towards its mean (H, W, 3)."""
+def _background(rng: np.random.Generator, size: int, frames: int = 0) -> np.ndarray:
+    """A random crop of a random photograph, resized to ``size`` and dimmed towards its mean (H, W, 3); with
+    ``frames``, that many (F, H, W, 3), the crop panning a straight line of up to a quarter of its side."""
     photos = _photos()
     img = photos[rng.integers(len(photos))]
     h, w = img.shape[:2]
     side = int(rng.integers(max(8, min(h, w) // 16), min(h, w) // 2 + 1))
     y, x = int(rng.integers(h - side + 1)), int(rng.integers(w - side + 1))
-    crop = Image.fromarray((img[y : y + side, x : x + side] * 255).astype(np.uint8))
-    if rng.random() < 0.5:
-        crop = crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    out = np.asarray(crop.resize((size, size), Image.Resampling.BOX), dtype=np.float32) / 255.0
+    flip = rng.random() < 0.5
     contrast = rng.uniform(0.25, 0.6)
-    return out.mean() + contrast * (out - out.mean())
+    pan = rng.uniform(-0.25, 0.25, 2) * side if frames else np.zeros(2)
+    out = []
+    for f in range(max(frames, 1)):
+        dy, dx = pan * (f / max(frames - 1, 1) - 0.5)
+        top, left = int(np.clip(y + dy, 0, h - side)), int(np.clip(x + dx, 0, w - side))
+        crop = Image.fromarray((img[top : top + side, left : left + side] * 255).astype(np.uint8))
+        if flip:
+            crop = crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        out.append(np.asarray(crop.resize((size, size), Image.Resampling.BOX), dtype=np.float32) / 255.0)
+    mean = out[0].mean()
+    out = [mean + contrast * (o - mean) for o in out]
+    return np.stack(out) if frames else out[0]
 
 
-def _glyph_mask(rng: np.random.Generator, label: int, size: int) -> np.ndarray:
-    """The digit's coverage (H, W) in [0, 1]: random font, height 55–85% of the image, slant, offset."""
+def _glyph_mask(rng: np.random.Generator, label: int, size: int, frames: int = 0) -> np.ndarray:
+    """The digit's coverage (H, W) in [0, 1]: random font, height 55–85% of the image, slant, offset; with ``frames``,
+    that many (F, H, W), the digit moving a straight line of up to a third of the image across them."""
     scale = 4  # drawn at 4x and reduced: smooth edges
     big = size * scale
     font = _font(FONTS[rng.integers(len(FONTS))], int(big * rng.uniform(0.55, 0.85)))
@@ -97,7 +107,15 @@ def _glyph_mask(rng: np.random.Generator, label: int, size: int) -> np.ndarray:
     cy = big / 2 + rng.uniform(-0.12, 0.12) * big
     draw.text((cx - gw / 2 - left, cy - gh / 2 - top), CLASSES[label], fill=255, font=font)
     canvas = canvas.rotate(float(rng.uniform(-15, 15)), resample=Image.Resampling.BILINEAR, center=(cx, cy))
-    return np.asarray(canvas.resize((size, size), Image.Resampling.BOX), dtype=np.float32) / 255.0
+    if not frames:
+        return np.asarray(canvas.resize((size, size), Image.Resampling.BOX), dtype=np.float32) / 255.0
+    move = rng.uniform(-1 / 6, 1 / 6, 2) * big
+    out = []
+    for f in range(frames):
+        dx, dy = move * (f / max(frames - 1, 1) - 0.5)
+        frame = canvas.transform(canvas.size, Image.Transform.AFFINE, (1, 0, -dx, 0, 1, -dy), Image.Resampling.BILINEAR)
+        out.append(np.asarray(frame.resize((size, size), Image.Resampling.BOX), dtype=np.float32) / 255.0)
+    return np.stack(out)
 
 
 def _colour(rng: np.random.Generator, background: np.ndarray) -> np.ndarray:
@@ -118,6 +136,20 @@ def draw(n: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         mask = _glyph_mask(rng, int(label), size)[..., None]
         images[i] = bg * (1 - mask) + _colour(rng, bg) * mask
     x = torch.from_numpy(images).permute(0, 3, 1, 2).mul(2).sub(1).contiguous()
+    return x.clamp(-1, 1), torch.from_numpy(labels).long()
+
+
+def draw_clips(n: int, size: int, frames: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``n`` clips (n, 3, frames, size, size) in [-1, 1] of the same distribution in motion (the digit moving one way,
+    the photograph panning another), and their labels (n,)."""
+    rng = np.random.default_rng(seed)
+    clips = np.empty((n, frames, size, size, 3), dtype=np.float32)
+    labels = rng.integers(len(CLASSES), size=n)
+    for i, label in enumerate(labels):
+        bg = _background(rng, size, frames)
+        mask = _glyph_mask(rng, int(label), size, frames)[..., None]
+        clips[i] = bg * (1 - mask) + _colour(rng, bg[0]) * mask
+    x = torch.from_numpy(clips).permute(0, 4, 1, 2, 3).mul(2).sub(1).contiguous()
     return x.clamp(-1, 1), torch.from_numpy(labels).long()
 
 

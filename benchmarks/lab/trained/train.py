@@ -5,6 +5,7 @@
     python -m benchmarks.lab.trained.train --model classifier   # a few minutes
     python -m benchmarks.lab.trained.train --model sd15 --steps 3 --out /tmp/x   # a smoke run (CI)
     python -m benchmarks.lab.trained.train --model flux --state flux.state        # resumable (see --state)
+    python -m benchmarks.lab.trained.train --model wan --state wan.state          # the video model, resumable
 
 UNets: ε-prediction on SD's 1000-step scaled-linear DDPM schedule (timesteps uniform, MSE on ε), label dropout
 10 % (the empty prompt, so classifier-free guidance works), AdamW with a warm-up and cosine decay, gradient
@@ -34,14 +35,32 @@ from safetensors.torch import save_file
 from torch import nn
 
 from . import architectures as M
-from . import data, flux
+from . import data, flux, wan
 from .classifier import Classifier
 
-DEFAULT_STEPS = {"sd15": 2300, "sdxl": 2800, "flux": 5000, "classifier": 1500}
-BATCH = 16
+DEFAULT_STEPS = {"sd15": 2300, "sdxl": 2800, "flux": 5000, "wan": 6000, "classifier": 1500}
 BIG_EVERY = 8  # every 8th step: side x2, batch / 4 (the same number of pixels)
 LABEL_DROPOUT = 0.1
-LR, WARMUP, EMA = 5e-4, 100, 0.999
+WARMUP, EMA = 100, 0.999
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A model's learning rate (AdamW, warm-up, cosine to 10 %) and batch size (images at the trained side)."""
+
+    lr: float = 5e-4
+    batch: int = 16
+
+
+RECIPES = {"wan": Recipe(lr=2e-3, batch=8)}
+"""Where a model's recipe is not the UNets' (:class:`Recipe`'s defaults): the Wan-layout model, adaLN-Zero, takes a
+four times higher rate, and clips of 8 frames in its batch."""
+
+
+def recipe_of(name: str) -> Recipe:
+    return RECIPES.get(name, Recipe())
+
+
 SAVE_EVERY = 250
 
 
@@ -78,10 +97,10 @@ def _batch_seed(seed: int, step: int) -> int:
     return seed * 1_000_003 + step
 
 
-def _lr(step: int, steps: int) -> float:
+def _lr(step: int, steps: int, lr: float) -> float:
     if step < WARMUP:
-        return LR * (step + 1) / WARMUP
-    return LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - WARMUP) / max(1, steps - WARMUP))))
+        return lr * (step + 1) / WARMUP
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - WARMUP) / max(1, steps - WARMUP))))
 
 
 def train_unet(
@@ -101,33 +120,72 @@ def train_unet(
         return (model["unet"](xt, t, **model["conditioner"](labels)) - noise).pow(2).mean()
 
     model = nn.ModuleDict({"unet": unet, "conditioner": conditioner})
-    return _train(model, loss, arch.size, steps, seed, log, partial, state)
+    draw = _images(arch.size, recipe_of(name).batch, seed)
+    return _train(model, loss, draw, steps, seed, log, partial, state, recipe_of(name))
+
+
+def _rectified_flow(model: nn.Module, x0: torch.Tensor, labels: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """The transformers' loss: the velocity ``ε − x₀`` at a logit-normal time σ, for images or clips."""
+    sigma = torch.sigmoid(torch.randn(len(x0), generator=gen))
+    noise = torch.randn(x0.shape, generator=gen)
+    s = sigma.view(-1, *[1] * (x0.dim() - 1))
+    return (model((1 - s) * x0 + s * noise, sigma, labels) - (noise - x0)).pow(2).mean()
 
 
 def train_flux(
     steps: int, seed: int, log, partial: Path | None = None, state: Resumable | None = None
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """The FLUX-layout model (:mod:`.flux`) by rectified flow: the velocity ``ε − x₀`` at a logit-normal time σ."""
+    model = flux.build(len(data.CLASSES), seed)
+    draw = _images(flux.SIZE, recipe_of(flux.NAME).batch, seed)
+    return _train(model, _rectified_flow, draw, steps, seed, log, partial, state, recipe_of(flux.NAME))
 
-    def loss(model: nn.Module, x0: torch.Tensor, labels: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        sigma = torch.sigmoid(torch.randn(len(x0), generator=gen))
-        noise = torch.randn(x0.shape, generator=gen)
-        s = sigma.view(-1, 1, 1, 1)
-        return (model((1 - s) * x0 + s * noise, sigma, labels) - (noise - x0)).pow(2).mean()
 
-    return _train(flux.build(len(data.CLASSES), seed), loss, flux.SIZE, steps, seed, log, partial, state)
+def train_wan(
+    steps: int, seed: int, log, partial: Path | None = None, state: Resumable | None = None
+) -> tuple[dict[str, torch.Tensor], dict]:
+    """The Wan-layout video model (:mod:`.wan`) by rectified flow on clips of :data:`.wan.FRAMES` frames."""
+    model = wan.build(len(data.CLASSES), seed)
+    batch = recipe_of(wan.NAME).batch
+
+    def draw(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return data.draw_clips(batch, wan.SIZE, wan.FRAMES, _batch_seed(seed, step))
+
+    return _train(model, _rectified_flow, draw, steps, seed, log, partial, state, recipe_of(wan.NAME))
+
+
+def _images(size: int, batch: int, seed: int):
+    """The step's batch of images: every :data:`BIG_EVERY`th a quarter as many at twice the side."""
+
+    def draw(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        big = step % BIG_EVERY == BIG_EVERY - 1
+        return (
+            data.draw(batch // 4, 2 * size, _batch_seed(seed, step))
+            if big
+            else data.draw(batch, size, _batch_seed(seed, step))
+        )
+
+    return draw
 
 
 @torch.enable_grad()  # whatever the caller's mode
 def _train(
-    model: nn.Module, loss_of, size: int, steps: int, seed: int, log, partial: Path | None, state: Resumable | None
+    model: nn.Module,
+    loss_of,
+    draw,
+    steps: int,
+    seed: int,
+    log,
+    partial: Path | None,
+    state: Resumable | None,
+    recipe: Recipe,
 ):
-    """The training loop both kinds of model share: batches drawn from the step's seed (every 8th at twice the side),
+    """The training loop every model shares: the step's batch ``draw(step)`` (drawn from a seed derived from the step),
     label dropout, AdamW with warm-up and cosine decay, clipping, EMA; ``loss_of(model, x0, labels, generator)``;
     continued from ``state`` where it holds one, and kept there as it goes."""
     model = model.train()
     ema = copy.deepcopy(model).eval().requires_grad_(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(seed)
     losses: list[float] = []
     first, spent = 0, {"seconds": 0.0, "cpu_seconds": 0.0}  # time spent by the pieces before this one
@@ -148,13 +206,11 @@ def _train(
         }
 
     for step in range(first, steps):
-        big = step % BIG_EVERY == BIG_EVERY - 1
-        side, batch = (2 * size, BATCH // 4) if big else (size, BATCH)
-        x0, labels = data.draw(batch, side, _batch_seed(seed, step))
-        drop = torch.rand(batch, generator=gen) < LABEL_DROPOUT
+        x0, labels = draw(step)
+        drop = torch.rand(len(labels), generator=gen) < LABEL_DROPOUT
         labels = torch.where(drop, torch.full_like(labels, -1), labels)
         for group in opt.param_groups:
-            group["lr"] = _lr(step, steps)
+            group["lr"] = _lr(step, steps, recipe.lr)
         loss = loss_of(model, x0, labels, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -224,6 +280,11 @@ def train_classifier(steps: int, seed: int, log) -> tuple[dict[str, torch.Tensor
 
 
 def model_card(name: str, stats: dict, seed: int, threads: int) -> str:
+    r = recipe_of(name)
+    schedule = (
+        f"batch {r.batch} at {{size}} px (every {BIG_EVERY}th batch {r.batch // 4} at {{twice}} px), label dropout "
+        f"{LABEL_DROPOUT:.0%}, AdamW lr {r.lr:g} (warm-up {WARMUP}, cosine to 10 %), clip 1.0, EMA {EMA} (shipped, float16)"
+    )
     if name == "classifier":
         what = (
             "A small CNN (`benchmarks/lab/trained/classifier.py`) that recognises the digit in a "
@@ -235,11 +296,18 @@ def model_card(name: str, stats: dict, seed: int, threads: int) -> str:
     elif name == flux.NAME:
         layout = flux.__doc__.split("\n\n")[0].split("(issue 26): ", 1)[1]
         what = " ".join(f"The `{name}` model of `benchmarks/lab/trained/flux.py` (issue 26): {layout}".split())
-        arch = f"diffusers `FluxTransformer2DModel` {json.dumps(flux.CONFIG)}, 2×2 patches of RGB pixels, text {flux.TEXT_DIM} ({M.CONTEXT_TOKENS} tokens per label) and a pooled vector {flux.TEXT_DIM}"
+        arch = f"diffusers `FluxTransformer2DModel` {json.dumps(flux.CONFIG)}, {flux.PATCH}×{flux.PATCH} patches of RGB pixels, text {flux.TEXT_DIM} ({M.CONTEXT_TOKENS} tokens per label) and a pooled vector {flux.TEXT_DIM}"
+        recipe = "rectified flow (velocity ε − x₀ at a logit-normal time σ), " + schedule.format(
+            size=flux.SIZE, twice=2 * flux.SIZE
+        )
+    elif name == wan.NAME:
+        layout = wan.__doc__.split("\n\n")[0].split("(issue 36): ", 1)[1]
+        what = " ".join(f"The `{name}` model of `benchmarks/lab/trained/wan.py` (issue 36): {layout}".split())
+        arch = f"diffusers `WanTransformer3DModel` {json.dumps(wan.CONFIG)}, RGB pixels, the time's modulation and the output at zero, text {wan.TEXT_DIM} ({M.CONTEXT_TOKENS} tokens per label) by cross-attention"
         recipe = (
-            f"rectified flow (velocity ε − x₀ at a logit-normal time σ), batch {BATCH} at {flux.SIZE} px "
-            f"(every {BIG_EVERY}th batch {BATCH // 4} at {2 * flux.SIZE} px), label dropout {LABEL_DROPOUT:.0%}, "
-            f"AdamW lr {LR:g} (warm-up {WARMUP}, cosine to 10 %), clip 1.0, EMA {EMA} (shipped, float16)"
+            f"rectified flow (velocity ε − x₀ at a logit-normal time σ), batch {r.batch} clips of {wan.FRAMES} frames "
+            f"at {wan.SIZE} px, label dropout {LABEL_DROPOUT:.0%}, AdamW lr {r.lr:g} (warm-up {WARMUP}, cosine to 10 %), "
+            f"clip 1.0, EMA {EMA} (shipped, float16)"
         )
     else:
         a = M.ARCHITECTURES[name]
@@ -249,10 +317,8 @@ def model_card(name: str, stats: dict, seed: int, threads: int) -> str:
             f"ldm `UNetModel` {json.dumps(a.unet)}, depths {list(a.depths) or 'as built'}, context {a.context_dim} ({M.CONTEXT_TOKENS} tokens per label)"
             + (f", adm {a.adm_dim}" if a.adm_dim else "")
         )
-        recipe = (
-            f"ε-prediction, SD's scaled-linear 1000-step schedule, batch {BATCH} at {a.size} px "
-            f"(every {BIG_EVERY}th batch {BATCH // 4} at {2 * a.size} px), label dropout {LABEL_DROPOUT:.0%}, "
-            f"AdamW lr {LR:g} (warm-up {WARMUP}, cosine to 10 %), clip 1.0, EMA {EMA} (shipped, float16)"
+        recipe = "ε-prediction, SD's scaled-linear 1000-step schedule, " + schedule.format(
+            size=a.size, twice=2 * a.size
         )
     return "\n".join(
         [
@@ -262,7 +328,8 @@ def model_card(name: str, stats: dict, seed: int, threads: int) -> str:
             "",
             f"- Data: `benchmarks/lab/trained/data.py` — digits 0–9 ({len(data.FONTS)} of matplotlib's bundled fonts) over "
             f"dimmed crops of {len(data.PHOTOS)} photographs bundled in scikit-image, drawn afresh for every batch "
-            "from a seed derived from the step.",
+            "from a seed derived from the step"
+            + (" (clips: the digit moving one way, the photograph panning another)." if name == wan.NAME else "."),
             f"- Architecture: {arch}.",
             f"- Training: {recipe}.",
             f"- Steps: {stats['steps']}; time: {stats.get('cpu_seconds', stats['seconds']) / 60:.1f} min of CPU time with "
@@ -277,7 +344,7 @@ def model_card(name: str, stats: dict, seed: int, threads: int) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, choices=[*M.ARCHITECTURES, flux.NAME, "classifier"])
+    parser.add_argument("--model", required=True, choices=[*M.ARCHITECTURES, flux.NAME, wan.NAME, "classifier"])
     parser.add_argument("--steps", type=int, help="default: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
@@ -295,7 +362,15 @@ def main(argv: list[str] | None = None) -> None:
     def log(text: str) -> None:
         print(f"[{args.model}] {text}", flush=True)
 
-    recipe = {"lr": LR, "warmup": WARMUP, "ema": EMA, "batch": BATCH, "big_every": BIG_EVERY, "dropout": LABEL_DROPOUT}
+    r = recipe_of(args.model)
+    recipe = {
+        "lr": r.lr,
+        "warmup": WARMUP,
+        "ema": EMA,
+        "batch": r.batch,
+        "big_every": BIG_EVERY,
+        "dropout": LABEL_DROPOUT,
+    }
     run = {"model": args.model, "steps": steps, "seed": args.seed, "recipe": recipe}
     state = None if args.state is None else Resumable(args.state, run, args.save_every)
     if args.model == "classifier":
@@ -306,6 +381,8 @@ def main(argv: list[str] | None = None) -> None:
         try:  # a state of another run is refused as it is read, before the first step
             if args.model == flux.NAME:
                 weights, stats = train_flux(steps, args.seed, log, args.partial, state)
+            elif args.model == wan.NAME:
+                weights, stats = train_wan(steps, args.seed, log, args.partial, state)
             else:
                 weights, stats = train_unet(args.model, steps, args.seed, log, args.partial, state)
         except StateMismatch as error:
