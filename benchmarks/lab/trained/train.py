@@ -145,7 +145,7 @@ def train_wan(
     steps: int, seed: int, log, partial: Path | None = None, state: Resumable | None = None
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """The Wan-layout video model (:mod:`.wan`) by rectified flow on clips of :data:`.wan.FRAMES` frames."""
-    model = wan.build(len(data.CLASSES), seed)
+    model = wan.zero_start(wan.build(len(data.CLASSES), seed))
     batch = recipe_of(wan.NAME).batch
 
     def draw(step: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,8 +6,8 @@ width, trained here by rectified flow on short clips of the fidelity data in mot
 
 * Layout: 6 blocks (Wan 2.1 1.3B: 30, 14B: 40), hidden 96 = 3 heads of 32 (1.3B: 12 of 128), feed-forward 256 (1.3B:
   8960), RoPE axes 12 + 10 + 10 over (frame, row, column) (Wan: 44 + 42 + 42), text by cross-attention only (no pooled
-  vector), classifier-free guidance as two streams. Initialised with the time's modulation and the output projection
-  at zero (adaLN-Zero, as the FLUX-layout model).
+  vector), classifier-free guidance as two streams. Trained from the time's modulation and the output projection at
+  zero (adaLN-Zero: :func:`zero_start`; :func:`build` alone is diffusers' initialisation, a random model for tests).
 * Input: RGB pixels in [-1, 1] (no VAE), :data:`FRAMES` frames of 32 px cut into 1×4×4 patches → 48 channels a token:
   a clip is 8 × 8 × 8 = 512 tokens (Wan 2.1 at 480p, 81 frames: 21 latent frames × 30 × 52 = 32,760); text: the class
   label's :data:`~.architectures.CONTEXT_TOKENS` learned tokens (label −1: the empty prompt), from the UNet models'
@@ -71,11 +71,14 @@ class WanLayout(nn.Module):
 
 
 def build(classes: int, seed: int = 0) -> WanLayout:
-    """A freshly initialised model from ``seed``, the time's modulation and the output at zero (the global RNG is left
-    alone)."""
+    """A freshly initialised model from ``seed``, diffusers' initialisation (the global RNG is left alone)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = WanLayout(classes)
+        return WanLayout(classes)
+
+
+def zero_start(model: WanLayout) -> WanLayout:
+    """Training's starting point (adaLN-Zero): the time's modulation and the output projection at zero."""
     t = model.transformer
     for layer in (t.condition_embedder.time_proj, t.proj_out):
         nn.init.zeros_(layer.weight)
@@ -92,4 +95,4 @@ def sigmas(steps: int, shift: float = SHIFT) -> list[float]:
     return out
 
 
-__all__ = ["CONFIG", "CONTEXT_TOKENS", "FRAMES", "NAME", "SIZE", "WanLayout", "build", "sigmas"]
+__all__ = ["CONFIG", "CONTEXT_TOKENS", "FRAMES", "NAME", "SIZE", "WanLayout", "build", "sigmas", "zero_start"]
