@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import tome_core
+from benchmarks.lab.trained import architectures as A
 from benchmarks.lab.trained import data, flux, wan
 from benchmarks.lab.trained.loading import load_classifier
 from tome_core.families import DiffusersWan, layout_for
@@ -85,3 +86,13 @@ def test_the_step_cache_acts_on_the_lab_model_through_its_family_and_leaves_it_b
     psnr = 10 * torch.log10(4 / (cached - plain).pow(2).mean())
     assert not torch.equal(cached, plain) and psnr > 20
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items()) and torch.equal(sample(), plain)
+
+
+@pytest.mark.skipif(not A.weights_path(wan.NAME).exists(), reason="the Wan-layout model is not trained yet")
+def test_the_shipped_weights_load_strictly_and_have_a_model_card():
+    from benchmarks.lab.trained.loading import load_wan
+
+    model = load_wan()  # strict
+    assert not model.training and all(not p.requires_grad for p in model.parameters())
+    card = A.weights_path(wan.NAME).with_suffix(".md").read_text(encoding="utf-8")
+    assert "WanTransformer3DModel" in card and "rectified flow" in card and "final loss" in card

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from . import architectures as A
-from . import data, flux
+from . import data, flux, wan
 from .classifier import Classifier
 
 
@@ -51,6 +51,11 @@ def load_model(name: str, path: str | None = None) -> Model:
 def load_flux(path: str | None = None) -> flux.FluxLayout:
     """The shipped FLUX-layout model (:mod:`.flux`; ``path``: another weights file of the same architecture)."""
     return _load(flux.build(len(data.CLASSES)), load_file(str(path or A.weights_path(flux.NAME))))
+
+
+def load_wan(path: str | None = None) -> wan.WanLayout:
+    """The shipped Wan-layout video model (:mod:`.wan`; ``path``: another weights file of the same architecture)."""
+    return _load(wan.build(len(data.CLASSES)), load_file(str(path or A.weights_path(wan.NAME))))
 
 
 @functools.cache
