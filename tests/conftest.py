@@ -142,6 +142,7 @@ LAB_MODULES = {
     "test_modes",
     "test_plan_memory",
     "test_samplers",
+    "test_wan_costs",
     "test_wan_model",
 }
 SLOW_FAST_TESTS = {

@@ -11,6 +11,7 @@ import torch
 
 from benchmarks.lab import dit
 from benchmarks.lab import libraries as L
+from benchmarks.lab.subjects import SUBJECTS
 from benchmarks.lab.trained import data, flux
 from benchmarks.quality import dit_libraries
 from benchmarks.speed import dit_costs
@@ -64,7 +65,7 @@ def test_diffusers_taylorseer_skips_attention_alone_and_is_priced_by_attentions_
     _pass(model, setting, executed)
     predicted = [i for i, attended in enumerate(executed.attended) if not attended]
     assert predicted and all(len(executed.ran[i]) == 9 for i in predicted)  # every block ran, its attention did not
-    share_double, share_single = L.attention_shares(costs)
+    share_double, share_single = costs.attention_shares()
     assert share_double == pytest.approx(7 / 15) and share_single == pytest.approx(2 / 5)  # d = 3072, N = 4608
     c = costs.blocks
     full = costs.full_step()
@@ -118,7 +119,7 @@ def test_a_quick_run_sweeps_runs_each_frontier_and_ours_and_renders(costs):
             "cache-dit dbcache Fn=1 Bn=0 mask=1001 policy=static calibrator=none",
         }
     ]
-    results = dit_libraries.run(2, 2, 4, _model, settings, costs, lambda _: None)
+    results = dit_libraries.run(SUBJECTS["flux"], 2, 2, 4, _model, settings, costs, lambda _: None)
     assert len(results["magcache_ratios"]) == 4 and len(results["sweep"]) == 2
     final = results["final"]
     assert {r["library"] for r in final.values()} == {"cache-dit", "diffusers", "ours"}
@@ -127,14 +128,14 @@ def test_a_quick_run_sweeps_runs_each_frontier_and_ours_and_renders(costs):
         results,
         {"seeds": 2, "sweep_seeds": 2, "steps": 4, "seconds": 1.0, "versions": {"cache-dit": "x", "diffusers": "y"}},
     )
-    assert text.startswith(dit_libraries.BEGIN) and "| ≥ 2× |" in text and "ours: `ours-N3`" in text
+    assert text.startswith("<!-- dit-libraries:begin -->") and "| ≥ 2× |" in text and "ours: `ours-N3`" in text
 
 
 def test_ours_again_keeps_the_libraries_runs_and_measures_ours_anew(costs):
     library_run = {"library": "diffusers", "name": "x", "psnr_per_seed": [30.0, 31.0], "psnr": 30.5, "speed": 2.5}
     stale = {"library": "ours", "name": "ours-N9", "psnr_per_seed": [1.0, 1.0], "psnr": 1.0, "speed": 9.0}
     saved = ({"magcache_ratios": [1.0], "sweep": [], "final": {"x": library_run, "ours-N9": stale}}, {"seeds": 2})
-    results, meta = dit_libraries.ours_again(2, 4, _model(), costs, saved, lambda _: None)
+    results, meta = dit_libraries.ours_again(SUBJECTS["flux"], 2, 4, _model(), costs, saved, lambda _: None)
     assert results["final"]["x"] == library_run and "ours-N9" not in results["final"] and meta == {"seeds": 2}
     assert [k for k in results["final"] if k != "x"] == [m.name for m in dit_libraries.OURS]
 
@@ -156,7 +157,7 @@ def test_pyramid_attention_broadcast_reuses_attention_in_its_timestep_range_and_
     inside = [i for i, s in enumerate(sigmas) if 100 < 1000 * s < 800]
     assert reused and set(reused) <= set(inside) and all(i - 1 not in reused for i in reused)
     assert all(len(ran) == 9 for ran in executed.ran) and not torch.equal(cached, plain)
-    share_double, share_single = L.attention_shares(costs)
+    share_double, share_single = costs.attention_shares()
     c, full = costs.blocks, costs.full_step()
     reusing = costs.cost("outside") + c.double * 2.0 * (1 - share_double) + c.single * 1.0 * (1 - share_single)
     expected = STEPS * full / ((STEPS - len(reused)) * full + len(reused) * reusing)  # nothing forecast, no signal

@@ -12,21 +12,26 @@ from __future__ import annotations
 import contextlib
 import statistics
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 import tome_core
 from benchmarks.lab import forecasters
+from benchmarks.lab.anchors import rel_l1
 from benchmarks.lab.results import load_run_data
-from benchmarks.lab.trained import flux
+from benchmarks.lab.timing import Timer
+from benchmarks.lab.trained import flux, wan
 from benchmarks.lab.trained.loading import load_classifier
 from benchmarks.lab.trained.metrics import Estimate, bootstrap
+from tome_core.caching.forecast import Forecast
 from tome_core.settings import ToMeSettings
 
 STEPS = 20
 CFG = 4.0
 SEEDS = 64
 Device = torch.device | str
+Trained = flux.FluxLayout | wan.WanLayout
 
 
 # --- the FLUX-layout widths and their blocks' costs ---------------------------------------------------------------
@@ -92,6 +97,14 @@ CHECK = Config("FLUX.1 layout, hidden 384, 1024 px", 3, 128, 4096, 512)
 QUICK = Config("tiny", 2, 32, 64, 8, 2, 3)
 
 
+class Group(NamedTuple):
+    """One kind of block at the real width: how many the model has, one's seconds, attention's share of them."""
+
+    count: int
+    seconds: float
+    attention_share: float
+
+
 @dataclass
 class BlockCosts:
     """One configuration's seconds per kind (lists: one per round); ``whole``: the whole model's forward at this
@@ -112,9 +125,27 @@ class BlockCosts:
         c = self.blocks
         return self.cost("outside") + c.double * self.cost("double") + c.single * self.cost("single")
 
+    def probe(self) -> float:
+        """The first block's seconds (FLUX.1: a double-stream block), which a cached step runs as its probe."""
+        return self.cost("double")
+
     def cached_step(self) -> float:
-        """A cached step: the model's outside, the first double block (the probe), the calibrated forecast."""
-        return self.cost("outside") + self.cost("double") + self.cost("calibrated")
+        """A cached step: the model's outside, the first block (the probe), the calibrated forecast."""
+        return self.cost("outside") + self.probe() + self.cost("calibrated")
+
+    def attention_shares(self) -> tuple[float, float]:
+        """Attention's share of a double- and a single-stream block at this width, from their multiply-adds per
+        token (hidden d, N tokens): double: q, k, v, out (4d²) and attention (2Nd) of 4d² + 8d² (MLP) + 2Nd; single:
+        q, k, v (3d²) and attention of the block's 12d² + 2Nd. The blocks' times are measured; their split is not."""
+        c = self.blocks
+        d, n = c.hidden, c.image_tokens + c.text_tokens
+        block = 12 * d * d + 2 * n * d
+        return (4 * d * d + 2 * n * d) / block, (3 * d * d + 2 * n * d) / block
+
+    def groups(self) -> list[Group]:
+        """The model's kinds of block in the order it runs them: FLUX.1's 19 double- then 38 single-stream."""
+        c, (double, single) = self.blocks, self.attention_shares()
+        return [Group(c.double, self.cost("double"), double), Group(c.single, self.cost("single"), single)]
 
     def priced(self, counts: dict[str, int]) -> float:
         """The speed-up of a pass whose steps were counted: ours (``full`` with the calibration's update, ``cached``)
@@ -124,7 +155,7 @@ class BlockCosts:
         steps = sum(counts.get(k, 0) for k in ("full", "cached", "first", "skip"))
         seconds = counts["full"] * (full + (self.cost("calibration") if "cached" in counts else 0.0))
         seconds += counts.get("cached", 0) * self.cached_step()
-        seconds += counts.get("first", 0) * (outside + self.cost("double") + signal)
+        seconds += counts.get("first", 0) * (outside + self.probe() + signal)
         seconds += counts.get("skip", 0) * (outside + signal)
         return steps * full / seconds
 
@@ -161,6 +192,53 @@ def blocks(
     return one.transformer_blocks[0], one.single_transformer_blocks[0], kwargs
 
 
+def cache_work(tokens: int, hidden: int, device: Device = "cpu", dtype: torch.dtype = torch.float32) -> dict:
+    """The caches' own work on a hidden state of ``tokens`` × ``hidden``, as callables by kind: ``forecast`` /
+    ``calibrated``: our linear / calibrated forecast (:class:`tome_core.caching.forecast.Forecast`), ``calibration``:
+    the calibrated one's update at a full step, ``signal``: the relative L1 change of a probe's output (First Block
+    Cache's decision, on every 4th token and channel as our adaptive schedule subsamples)."""
+    gen = torch.Generator().manual_seed(1)
+    states = [torch.randn(1, tokens, hidden, generator=gen).to(device, dtype) for _ in range(3)]
+    linear, calibrated = Forecast("linear"), Forecast("calibrated")
+    for i in range(2):
+        linear.add(torch.tensor(0.9 - 0.1 * i), states[i])
+        calibrated.add(torch.tensor(0.9 - 0.1 * i), states[i], states[i])
+
+    def calibration() -> None:
+        fresh = Forecast("calibrated")
+        fresh.time, fresh.deep, fresh.probe = torch.tensor(0.8, device=device), states[0], calibrated.probe
+        fresh.add(torch.tensor(0.7), states[2], states[2])
+
+    def signal() -> None:
+        rel_l1(states[2][..., ::4, ::4], states[1][..., ::4, ::4])
+
+    return {
+        "forecast": lambda: linear.predict(torch.tensor(0.7)),
+        "calibrated": lambda: calibrated.predict(torch.tensor(0.7), states[2]),
+        "calibration": calibration,
+        "signal": signal,
+    }
+
+
+def timed(out: BlockCosts, work: dict, rounds: int, whole=None, device: Device = "cpu", log=print) -> BlockCosts:
+    """``out`` with the seconds of each kind of ``work`` (process CPU time; CUDA: GPU time from events) over
+    ``rounds`` interleaved rounds after a warm-up, and of the whole model's forward (``whole``) where given."""
+    with torch.no_grad():
+        for fn in work.values():
+            fn()  # warm-up
+        for r in range(rounds):
+            for kind, fn in work.items():
+                with Timer(device) as timer:
+                    fn()
+                out.seconds.setdefault(kind, []).append(timer.cpu)
+            if whole is not None:
+                with Timer(device) as timer:
+                    whole()
+                out.whole.append(timer.cpu)
+            log(f"  {out.blocks.name}: round {r + 1}/{rounds} done")
+    return out
+
+
 # --- the trained FLUX-layout model under our cache ---------------------------------------------------------
 
 
@@ -185,9 +263,9 @@ class Mode:
         )
 
 
-def guided_euler(model: flux.FluxLayout, noise: torch.Tensor, labels: torch.Tensor, steps: int, progress=None):
-    """Guided flow-matching Euler sampling (cond and uncond batched)."""
-    schedule = flux.sigmas(steps, (noise.shape[-1] // flux.PATCH) ** 2)
+def guided_euler(model: Trained, noise: torch.Tensor, labels: torch.Tensor, steps: int, progress=None):
+    """Guided flow-matching Euler sampling (cond and uncond batched) on the model's own schedule."""
+    schedule = model.schedule(steps, noise)
     both = torch.cat([labels, torch.full_like(labels, -1)])
 
     def velocity(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
@@ -199,7 +277,7 @@ def guided_euler(model: flux.FluxLayout, noise: torch.Tensor, labels: torch.Tens
 
 
 def sample(
-    model: flux.FluxLayout,
+    model: Trained,
     noise: torch.Tensor,
     labels: torch.Tensor,
     steps: int,
@@ -225,6 +303,10 @@ def sample(
 
 
 def accuracy(samples: torch.Tensor, labels: torch.Tensor) -> Estimate:
+    """The judge's class accuracy over images (n, 3, h, w), or over every frame of clips (n, 3, f, h, w)."""
+    if samples.dim() == 5:
+        labels = labels.repeat_interleave(samples.shape[2])
+        samples = samples.transpose(1, 2).flatten(0, 1)
     with torch.no_grad():
         right = (load_classifier()(samples.clamp(-1, 1)).argmax(1) == labels).float().numpy()
     return bootstrap(right)

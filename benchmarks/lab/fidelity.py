@@ -84,11 +84,11 @@ class Trajectory:
         self.eps.append((x - denoised) / self.sigmas[i])
 
 
-def noise_for(seeds: range, side: int, channels: int) -> torch.Tensor:
-    """One unit-variance noise image per seed, each from its own generator (the same for every mode and size)."""
-    return torch.stack(
-        [torch.randn(channels, side, side, generator=torch.Generator().manual_seed(seed)) for seed in seeds]
-    )
+def noise_for(seeds: range, side: int, channels: int, frames: int | None = None) -> torch.Tensor:
+    """One unit-variance noise image per seed (``frames``: a clip of that many), each from its own generator (the
+    same for every mode and size)."""
+    shape = (channels, side, side) if frames is None else (channels, frames, side, side)
+    return torch.stack([torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) for seed in seeds])
 
 
 def labels_for(seeds: range, classes: int) -> torch.Tensor:

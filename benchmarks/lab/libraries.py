@@ -1,5 +1,5 @@
-"""The real libraries' caches as anchors on the trained FLUX-layout transformer (issue 36): cache-dit's DBCache (the
-first and last blocks it computes, ``Fn`` and ``Bn``; its residual threshold and warm-up; TaylorSeer orders 1–2 and
+"""The real libraries' caches as anchors on the trained FLUX- and Wan-layout transformers (issue 36): cache-dit's
+DBCache (the first and last blocks it computes, ``Fn`` and ``Bn``; its residual threshold and warm-up; TaylorSeer orders 1–2 and
 FoCa as its calibrators; step masks, ours among them) and diffusers' cache hooks (First Block Cache, MagCache with
 its own calibration, TaylorSeer and its lite mode, Pyramid Attention Broadcast), applied through the libraries'
 public APIs, one image at a time as a user runs them. (diffusers' FasterCache is not among them: it reads the batch as
@@ -7,8 +7,8 @@ public APIs, one image at a time as a user runs them. (diffusers' FasterCache is
 
 Every run is priced by what it executed: forward hooks inside each block (on its first adaptive norm, which a skipped
 block never reaches whichever way the library skips it, and on its attention, which diffusers' TaylorSeer and PAB
-skip alone) record, call by call, what computed; :func:`priced` turns that into FLUX.1's real width
-(:class:`benchmarks.lab.dit.BlockCosts`), with the model's outside and the library's own work: its signal (a
+skip alone) record, call by call, what computed; :func:`priced` turns that into the real model's width (FLUX.1's:
+:class:`benchmarks.lab.dit.BlockCosts`, Wan 2.1's: :class:`benchmarks.lab.wan21.ChainCosts`), with the model's outside and the library's own work: its signal (a
 residual's distance) where it decides by a threshold, its forecast where it extrapolates (diffusers' TaylorSeer: one per
 skipped module).
 
@@ -31,21 +31,35 @@ from benchmarks.lab.dit import BlockCosts
 Params = tuple[tuple[str, object], ...]
 
 
+LAYOUTS = {
+    "FluxTransformer2DModel": (("transformer_blocks", "norm1", "attn"), ("single_transformer_blocks", "norm", "attn")),
+    "WanTransformer3DModel": (("blocks", "norm1", "attn1"),),
+}
+"""Per transformer class, its kinds of block in the order it runs them: (the blocks, their first adaptive norm, their
+self-attention)."""
+TIMESTEP_SCALE = {"FluxTransformer2DModel": 1000.0, "WanTransformer3DModel": 1.0}
+"""Per transformer class, from the timestep it is called with to diffusers' 0–1000 scale, as its pipelines pass the
+time to Pyramid Attention Broadcast (FLUX's is σ, Wan's σ × 1000)."""
+
+
 class Executed:
-    """What a FLUX-layout transformer computed, call by call: ``ran`` (per call, the blocks that computed: their first
-    adaptive norm ran) and ``attended`` (the blocks whose attention ran: its query projection); blocks numbered
-    double-stream first."""
+    """What a transformer of :data:`LAYOUTS` computed, call by call: ``ran`` (per call, the blocks that computed:
+    their first adaptive norm ran) and ``attended`` (the blocks whose self-attention ran: its query projection); blocks
+    numbered in the order the model runs them (FLUX: double-stream first)."""
 
     def __init__(self, transformer: torch.nn.Module) -> None:
-        blocks = [*transformer.transformer_blocks, *transformer.single_transformer_blocks]
-        self.blocks = (len(transformer.transformer_blocks), len(transformer.single_transformer_blocks))
+        kinds = [(getattr(transformer, name), norm, attn) for name, norm, attn in LAYOUTS[type(transformer).__name__]]
+        self.blocks = tuple(len(blocks) for blocks, _, _ in kinds)
         self.ran: list[set[int]] = []
         self.attended: list[set[int]] = []
         self._handles = [transformer.register_forward_pre_hook(self._call)]
-        for i, block in enumerate(blocks):
-            norm = block.norm1 if i < self.blocks[0] else block.norm
-            self._handles.append(norm.register_forward_hook(lambda *_, i=i: self.ran[-1].add(i)))
-            self._handles.append(block.attn.to_q.register_forward_hook(lambda *_, i=i: self.attended[-1].add(i)))
+        i = 0
+        for blocks, norm, attn in kinds:
+            for block in blocks:
+                self._handles.append(getattr(block, norm).register_forward_hook(lambda *_, i=i: self.ran[-1].add(i)))
+                to_q = getattr(block, attn).to_q
+                self._handles.append(to_q.register_forward_hook(lambda *_, i=i: self.attended[-1].add(i)))
+                i += 1
 
     def _call(self, *_) -> None:
         self.ran.append(set())
@@ -67,21 +81,11 @@ def spans(ran: set[int], blocks: int) -> tuple[int, int, int]:
     return head, tail, len(ran) - head - tail
 
 
-def attention_shares(costs: BlockCosts) -> tuple[float, float]:
-    """Attention's share of a double- and a single-stream block at ``costs``' width, from their multiply-adds per
-    token (hidden d, N tokens): double: q, k, v, out (4d²) and attention (2Nd) of 4d² + 8d² (MLP) + 2Nd; single:
-    q, k, v (3d²) and attention of the block's 12d² + 2Nd. The blocks' times are measured; their split is not."""
-    c = costs.blocks
-    d, n = c.hidden, c.image_tokens + c.text_tokens
-    block = 12 * d * d + 2 * n * d
-    return (4 * d * d + 2 * n * d) / block, (3 * d * d + 2 * n * d) / block
-
-
 @dataclass(frozen=True)
 class Overhead:
-    """What a library adds to a step at FLUX.1's width: ``signal`` (a residual's distance, at each call that decided),
-    ``forecast`` (at a skipped call: one forecast, or one per skipped FLUX.1 block where ``per_block``; at a full call,
-    its update)."""
+    """What a library adds to a step at the real width: ``signal`` (a residual's distance, at each call that decided),
+    ``forecast`` (at a skipped call: one forecast, or one per skipped block of the real model where ``per_block``; at
+    a full call, its update)."""
 
     signal: bool = False
     forecast: bool = False
@@ -89,29 +93,29 @@ class Overhead:
 
 
 def priced(executed: Executed, costs: BlockCosts, overhead: Overhead) -> float:
-    """The speed-up over plain of the pass ``executed`` recorded, at FLUX.1's width: a call that ran every block and
-    its attention is a full step; one that ran every block, some without attention, runs all of FLUX.1's blocks with
-    the same fractions of each kind without attention; otherwise its first ``h`` and last ``t`` blocks are FLUX.1's
-    first ``h`` (double-stream) and last ``t`` (single-stream)."""
-    doubles, singles = executed.blocks
-    total, config = doubles + singles, costs.blocks
-    full, double, single = costs.full_step(), costs.cost("double"), costs.cost("single")
-    share_double, share_single = attention_shares(costs)
+    """The speed-up over plain of the pass ``executed`` recorded, at the real width ``costs`` measured: a call that
+    ran every block and its attention is a full step; one that ran every block, some without attention, runs all of
+    the real model's blocks with the same fractions of each kind without attention; otherwise its first ``h`` and last
+    ``t`` blocks are the real model's first ``h`` (FLUX.1: double-stream) and last ``t`` (single-stream)."""
+    total, groups = sum(executed.blocks), costs.groups()
+    full = costs.full_step()
     seconds = 0.0
     for ran, attended in zip(executed.ran, executed.attended):
         if len(ran) == total and len(attended) == total:
             seconds += full + (costs.cost("calibration") if overhead.forecast else 0.0)
             continue
         if len(ran) == total:
-            no_attention_double = sum(i not in attended for i in range(doubles)) / doubles
-            no_attention_single = sum(i not in attended for i in range(doubles, total)) / singles
-            computed = config.double * double * (1 - no_attention_double * share_double)
-            computed += config.single * single * (1 - no_attention_single * share_single)
-            skipped = round(no_attention_double * config.double + no_attention_single * config.single)
+            computed, skipped, first = 0.0, 0.0, 0
+            for lab, group in zip(executed.blocks, groups):
+                no_attention = sum(i not in attended for i in range(first, first + lab)) / lab
+                computed += group.count * group.seconds * (1 - no_attention * group.attention_share)
+                skipped += no_attention * group.count
+                first += lab
+            skipped = round(skipped)
         else:
             head, tail, middle = spans(ran, total)
-            computed = head * double + (tail + middle) * single
-            skipped = config.double + config.single - head - tail - middle
+            computed = head * groups[0].seconds + (tail + middle) * groups[-1].seconds
+            skipped = sum(group.count for group in groups) - head - tail - middle
         seconds += costs.cost("outside") + computed
         if overhead.signal:
             seconds += costs.cost("signal")
@@ -221,8 +225,10 @@ def _diffusers(transformer, steps: int, method: str, p: dict, ratios: list[float
     elif method == "pab":
         now = [0.0]  # the transformer's timestep on diffusers' 0–1000 scale, as its pipelines pass it to PAB
 
+        scale = TIMESTEP_SCALE[type(transformer).__name__]
+
         def tick(_, args, kwargs) -> None:
-            now[0] = float(kwargs["timestep"].flatten()[0]) * 1000
+            now[0] = float(kwargs["timestep"].flatten()[0]) * scale
 
         clock = transformer.register_forward_pre_hook(tick, with_kwargs=True)
         config = PyramidAttentionBroadcastConfig(
@@ -290,11 +296,14 @@ def preset_mask(policy: str, steps: int) -> tuple[int, ...]:
     return tuple(cache_dit.steps_mask(mask_policy=policy, total_steps=steps))
 
 
-def settings(steps: int) -> list[Setting]:
+def settings(steps: int, transformer: str = "FluxTransformer2DModel") -> list[Setting]:
     """Every configuration the sweep measures: each library's menu (defaults, presets, documented ranges) and beyond
-    it, so that its frontier is found. cache-dit's ``Fn`` and ``Bn`` are counts of blocks, priced as FLUX.1's: up to
-    2 and 1 here, where the 9-block model's first two blocks are already 22 % of its depth (FLUX.1's: 4 %); its
-    default warm-up (8 steps, for 28–50-step runs) would leave 12 of 20 steps, so 1 and 3."""
+    it, so that its frontier is found, on ``transformer`` (a class of :data:`LAYOUTS`). cache-dit's ``Fn`` and ``Bn``
+    are counts of blocks, priced as the real model's: up to 2 and 1 here, where the FLUX-layout model's first two
+    blocks are already 22 % of its depth (FLUX.1's: 4 %; the Wan-layout model's 33 %, Wan 2.1 1.3B's 7 %); its default
+    warm-up (8 steps, for 28–50-step runs) would leave 12 of 20 steps, so 1 and 3. On Wan, diffusers' TaylorSeer
+    runs in lite mode only: its standard mode hooks the modules named ``…attn``, and Wan's are ``attn1`` and ``attn2``
+    (a pass without a single forecast)."""
     calibrators = (
         {"calibrator": ("none",)},
         {"calibrator": ("taylorseer",), "order": (1, 2)},
@@ -336,7 +345,7 @@ def settings(steps: int) -> list[Setting]:
         cache_interval=(2, 3, 4, 5, 6),
         disable_cache_before_step=(1, 3),
         max_order=(1, 2),
-        use_lite_mode=(False, True),
+        use_lite_mode=(False, True) if transformer != "WanTransformer3DModel" else (True,),
     )
     out += _grid(
         "diffusers",

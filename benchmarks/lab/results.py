@@ -132,16 +132,18 @@ def command(
 
 def run_command(
     parser: argparse.ArgumentParser,
-    section: Section,
+    section: Section | Callable[[argparse.Namespace], Section],
     argv: list[str] | None,
     measure: Callable[[argparse.Namespace], tuple[Any, dict]],
     text: Callable[[argparse.Namespace, Any, dict], str] | None = None,
 ) -> None:
-    """The skeleton of a command's ``main``: parse ``argv``; ``--render``: rewrite the section from the saved run and
-    stop; else set torch's threads (``--threads``), ``measure(args)`` (results as saved, meta), print the section
+    """The skeleton of a command's ``main``: parse ``argv`` (``section``: the command's, or a function of the
+    arguments that picks it); ``--render``: rewrite the section from the saved run and stop; else set torch's threads (``--threads``), ``measure(args)`` (results as saved, meta), print the section
     (``text(args, results, meta)``, else the section rendered) and, unless the run is ``--quick`` or ``--no-write``,
     save the run and write the section into RESULTS.md."""
     args = parser.parse_args(argv)
+    if not isinstance(section, Section):
+        section = section(args)
     if args.render:
         return section.rewrite()
     if getattr(args, "threads", None) is not None:

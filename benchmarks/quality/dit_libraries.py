@@ -1,10 +1,11 @@
-"""Our cache against the real libraries' caches on the trained FLUX-layout model (``python -m benchmarks.quality.dit_libraries``;
-issue 36): cache-dit and diffusers applied through their own APIs (:mod:`benchmarks.lab.libraries`), each swept over
-its settings so that each library's frontier (the best PSNR at each priced speed) is found, not only its defaults.
+"""Our cache against the real libraries' caches on the trained FLUX-layout model and the Wan-layout video model
+(``python -m benchmarks.quality.dit_libraries``; issue 36): cache-dit and diffusers applied through their own APIs
+(:mod:`benchmarks.lab.libraries`), each swept over its settings so that each library's frontier (the best PSNR at each
+priced speed) is found, not only its defaults.
 
 1. The sweep: every setting of :func:`benchmarks.lab.libraries.settings` on :data:`SWEEP_SEEDS` seeds, image by
    image (each image under a fresh cache, as a user runs one), PSNR against plain's sample and the speed-up its
-   executed blocks price at FLUX.1's real width.
+   executed blocks price at the real model's width (FLUX.1's; Wan 2.1 1.3B's at 480p and 81 frames).
 2. Each library's frontier on the sweep (no other setting of that library both faster and closer) run again on all
    64 seeds, as is ours (the linear forecast on the uniform schedule, N = 2 … 6, the transformers' default).
 3. At each target speed (2×, 3×, 4×): each side's best run at least that fast, and ours minus the best library's,
@@ -14,24 +15,24 @@ its settings so that each library's frontier (the best PSNR at each priced speed
     python -m benchmarks.quality.dit_libraries --quick    # 2 seeds, 4 steps, untrained weights, a few settings
     python -m benchmarks.quality.dit_libraries --render   # the section again from benchmarks/runs/dit-libraries.json
     python -m benchmarks.quality.dit_libraries --ours-again   # ours measured again, the libraries' runs kept
+    python -m benchmarks.quality.dit_libraries --model wan    # the Wan-layout model (run dit-libraries-wan)
+    python -m benchmarks.quality.dit_libraries --model wan --weights PATH   # other weights of its architecture
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from benchmarks.lab import libraries as L
 from benchmarks.lab.dit import CFG, SEEDS, STEPS, BlockCosts, Mode, guided_euler, sample
-from benchmarks.lab.fidelity import labels_for, noise_for
 from benchmarks.lab.results import Section, command, load_run_data, run_command
-from benchmarks.lab.trained import data, flux
-from benchmarks.lab.trained.loading import load_flux
+from benchmarks.lab.subjects import SUBJECTS, Subject
 from benchmarks.lab.trained.metrics import bootstrap, psnr_ssim
 
-BEGIN, END = "<!-- dit-libraries:begin -->", "<!-- dit-libraries:end -->"
 SWEEP_SEEDS = 8
 CALIBRATION_SEEDS = range(1000, 1008)
 TARGETS = (2.0, 3.0, 4.0)
@@ -76,14 +77,23 @@ def run_setting(models: dict, setting: L.Setting, noise, labels, plain, steps: i
     }
 
 
-def run(seeds: int, sweep_seeds: int, steps: int, load, settings: list[L.Setting], costs: BlockCosts, log) -> dict:
-    """The sweep (``settings`` on the first ``sweep_seeds`` seeds), each library's frontier and ours on ``seeds``;
-    ``load()`` gives a model: one per library, as cache-dit patches its blocks' forwards for the process's life."""
+def run(
+    subject: Subject,
+    seeds: int,
+    sweep_seeds: int,
+    steps: int,
+    load,
+    settings: list[L.Setting],
+    costs: BlockCosts,
+    log,
+) -> dict:
+    """The sweep (``settings`` on the first ``sweep_seeds`` seeds), each library's frontier and ours on ``seeds``, on
+    ``subject``; ``load()`` gives a model: one per library, as cache-dit patches its blocks' forwards for the
+    process's life."""
     models = {"cache-dit": load(), "diffusers": load(), "ours": load()}
-    noise, labels = noise_for(range(seeds), flux.SIZE, flux.CHANNELS), labels_for(range(seeds), len(data.CLASSES))
+    noise, labels = subject.noise(range(seeds)), subject.labels(range(seeds))
     plain, _ = sample(models["ours"], noise, labels, steps)
-    cal_noise = noise_for(CALIBRATION_SEEDS, flux.SIZE, flux.CHANNELS)
-    cal_labels = labels_for(CALIBRATION_SEEDS, len(data.CLASSES))
+    cal_noise, cal_labels = subject.noise(CALIBRATION_SEEDS), subject.labels(CALIBRATION_SEEDS)
     diffusers_model = models["diffusers"]
     ratios = L.magcache_ratios(
         diffusers_model.transformer,
@@ -133,10 +143,12 @@ def ours(model, noise, labels, plain, steps: int, costs: BlockCosts, log) -> dic
     return out
 
 
-def ours_again(seeds: int, steps: int, model, costs: BlockCosts, saved: tuple[dict, dict], log) -> tuple[dict, dict]:
+def ours_again(
+    subject: Subject, seeds: int, steps: int, model, costs: BlockCosts, saved: tuple[dict, dict], log
+) -> tuple[dict, dict]:
     """The saved run with ours measured again (after a change to ours): the libraries' sweep and runs are kept."""
     results, meta = saved
-    noise, labels = noise_for(range(seeds), flux.SIZE, flux.CHANNELS), labels_for(range(seeds), len(data.CLASSES))
+    noise, labels = subject.noise(range(seeds)), subject.labels(range(seeds))
     plain, _ = sample(model, noise, labels, steps)
     final = {k: v for k, v in results["final"].items() if v["library"] != "ours"}
     final.update(ours(model, noise, labels, plain, steps, costs, log))
@@ -148,17 +160,29 @@ def best_at(final: dict, library: str, target: float) -> dict | None:
     return max(runs, key=lambda r: r["psnr"], default=None)
 
 
+def markers(subject: Subject) -> tuple[str, str]:
+    """The run's name and its RESULTS.md markers: ``dit-libraries`` on FLUX, ``dit-libraries-<model>`` on another."""
+    run = "dit-libraries" if subject.name == "flux" else f"dit-libraries-{subject.name}"
+    return run, f"<!-- {run}:begin -->", f"<!-- {run}:end -->"
+
+
 def section(results: dict, meta: dict) -> str:
+    subject = SUBJECTS[meta.get("model", "flux")]
+    _, begin, end = markers(subject)
     final = results["final"]
+    on = "" if subject.name == "flux" else f" on the {subject.title.removeprefix('the trained ')}"
+    weights = f"`{subject.card}`" if meta.get("weights") is None else f"weights `{meta['weights']}`"
     lines = [
-        BEGIN,
-        "## Our cache against the real libraries' (`python -m benchmarks.quality.dit_libraries`)",
+        begin,
+        f"## Our cache against the real libraries'{on} (`python -m benchmarks.quality.dit_libraries"
+        + ("" if subject.name == "flux" else f" --model {subject.name}")
+        + "`)",
         "",
-        f"The trained FLUX-layout model (`benchmarks/lab/trained/weights/flux.md`), {meta['steps']} flow-matching Euler "
+        f"{subject.title[0].upper()}{subject.title[1:]} ({weights}), {meta['steps']} flow-matching Euler "
         f"steps, CFG {CFG:g}. cache-dit {meta['versions']['cache-dit']} and diffusers {meta['versions']['diffusers']} "
-        f"through their own APIs, image by image; {len(results['sweep'])} settings swept on {meta['sweep_seeds']} seeds, "
+        f"through their own APIs, {subject.unit} by {subject.unit}; {len(results['sweep'])} settings swept on {meta['sweep_seeds']} seeds, "
         f"each library's frontier of that sweep and ours (linear, uniform, N = {', '.join(m.name.removeprefix('ours-N') for m in OURS)}) on {meta['seeds']} seeds; "
-        f"speed-up: the blocks each call executed, priced at FLUX.1's real width; {meta['seconds'] / 60:.0f} min "
+        f"speed-up: the blocks each call executed, priced at {subject.width}; {meta['seconds'] / 60:.0f} min "
         "(1 torch thread).",
         "",
         "| target | ours | best cache-dit | best diffusers | ours − best library (dB, paired) |",
@@ -189,7 +213,7 @@ def section(results: dict, meta: dict) -> str:
         lines.append(f"| {run_['library']}: `{run_['name']}` | {estimate.cell('.1f')} | {run_['speed']:.2f}× |")
     ratios = ", ".join(f"{r:.3f}" for r in results["magcache_ratios"])
     lines += ["", f"diffusers' MagCache ratios, calibrated by its own `calibrate=True` on 8 other seeds: {ratios}."]
-    return "\n".join([*lines, END])
+    return "\n".join([*lines, end])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -198,20 +222,25 @@ def main(argv: list[str] | None = None) -> None:
         import diffusers
 
         start = time.perf_counter()
-        costs = BlockCosts(**load_run_data("dit-costs-cpu")[0][0])
+        subject = SUBJECTS[args.model]
+        costs = subject.costs()
+        weights = None if args.weights is None else str(args.weights)
         if args.ours_again:
-            saved = load_run_data("dit-libraries")
-            results, meta = ours_again(saved[1]["seeds"], saved[1]["steps"], load_flux(), costs, saved, print)
+            saved = load_run_data(markers(subject)[0])
+            model = subject.load(saved[1].get("weights"))
+            results, meta = ours_again(subject, saved[1]["seeds"], saved[1]["steps"], model, costs, saved, print)
             return results, {**meta, "ours_again_seconds": round(time.perf_counter() - start, 1)}
         if args.quick:
             seeds, sweep_seeds, steps = 2, 2, 4
-            settings = L.settings(steps)[::60]
+            settings, load = L.settings(steps, subject.transformer)[::60], subject.random
+        else:
+            seeds, sweep_seeds, steps = SEEDS, SWEEP_SEEDS, STEPS
+            settings = L.settings(STEPS, subject.transformer)
 
             def load():
-                return flux.build(len(data.CLASSES)).eval().requires_grad_(False)
-        else:
-            seeds, sweep_seeds, steps, settings, load = SEEDS, SWEEP_SEEDS, STEPS, L.settings(STEPS), load_flux
-        results = run(seeds, sweep_seeds, steps, load, settings, costs, print)
+                return subject.load(weights)
+
+        results = run(subject, seeds, sweep_seeds, steps, load, settings, costs, print)
         meta = {
             "seeds": seeds,
             "sweep_seeds": sweep_seeds,
@@ -219,11 +248,17 @@ def main(argv: list[str] | None = None) -> None:
             "versions": {"cache-dit": cache_dit.__version__, "diffusers": diffusers.__version__},
             "seconds": round(time.perf_counter() - start, 1),
         }
+        if subject.name != "flux":
+            meta["model"] = subject.name
+        if weights is not None:
+            meta["weights"] = weights
         return results, meta
 
     parser = command(__doc__, quick="", threads=1)
+    parser.add_argument("--model", choices=sorted(SUBJECTS), default="flux", help="the trained DiT (default: flux)")
+    parser.add_argument("--weights", type=Path, help="another weights file of the model's architecture")
     parser.add_argument("--ours-again", action="store_true", help="measure ours again, keep the libraries' runs")
-    run_command(parser, Section("dit-libraries", BEGIN, END, section), argv, measure)
+    run_command(parser, lambda args: Section(*markers(SUBJECTS[args.model]), section), argv, measure)
 
 
 if __name__ == "__main__":

@@ -31,11 +31,8 @@ from dataclasses import asdict
 
 import torch
 
-from benchmarks.lab.anchors import rel_l1
-from benchmarks.lab.dit import CHECK, QUICK, REAL, STEPS, BlockCosts, Config, Device, blocks
+from benchmarks.lab.dit import CHECK, QUICK, REAL, STEPS, BlockCosts, Config, Device, blocks, cache_work, timed
 from benchmarks.lab.results import Section, command, run_command, run_meta
-from benchmarks.lab.timing import Timer
-from tome_core.caching.forecast import Forecast
 
 BEGIN, END = "<!-- dit-costs:begin -->", "<!-- dit-costs:end -->"
 KINDS = ("double", "single", "outside", "forecast", "calibrated", "calibration", "signal")
@@ -51,47 +48,15 @@ def measure(
     inputs = config.inputs(device, dtype)
     outside = config.model().to(device, dtype)
     double, single, block_kwargs = blocks(config, device, dtype, outside, inputs)
-    gen = torch.Generator().manual_seed(1)
-    tokens = config.image_tokens + config.text_tokens
-    states = [torch.randn(1, tokens, config.hidden, generator=gen).to(device, dtype) for _ in range(3)]
-    linear, calibrated = Forecast("linear"), Forecast("calibrated")
-    for i in range(2):
-        linear.add(torch.tensor(0.9 - 0.1 * i), states[i])
-        calibrated.add(torch.tensor(0.9 - 0.1 * i), states[i], states[i])
-
-    def calibration() -> None:
-        fresh = Forecast("calibrated")
-        fresh.time, fresh.deep, fresh.probe = torch.tensor(0.8, device=device), states[0], calibrated.probe
-        fresh.add(torch.tensor(0.7), states[2], states[2])
-
-    def signal() -> None:
-        rel_l1(states[2][..., ::4, ::4], states[1][..., ::4, ::4])
-
     work = {
         "double": lambda: double(**block_kwargs),
         "single": lambda: single(**block_kwargs),
         "outside": lambda: outside(**inputs, return_dict=False),
-        "forecast": lambda: linear.predict(torch.tensor(0.7)),
-        "calibrated": lambda: calibrated.predict(torch.tensor(0.7), states[2]),
-        "calibration": calibration,
-        "signal": signal,
+        **cache_work(config.image_tokens + config.text_tokens, config.hidden, device, dtype),
     }
     model = config.model(config.double, config.single).to(device, dtype) if whole else None
-    out = BlockCosts(asdict(config))
-    with torch.no_grad():
-        for fn in work.values():
-            fn()  # warm-up
-        for r in range(rounds):
-            for kind in KINDS:
-                with Timer(device) as timer:
-                    work[kind]()
-                out.seconds.setdefault(kind, []).append(timer.cpu)
-            if model is not None:
-                with Timer(device) as timer:
-                    model(**inputs, return_dict=False)
-                out.whole.append(timer.cpu)
-            log(f"  {config.name}: round {r + 1}/{rounds} done")
-    return out
+    forward = None if model is None else (lambda: model(**inputs, return_dict=False))
+    return timed(BlockCosts(asdict(config)), {k: work[k] for k in KINDS}, rounds, forward, device, log)
 
 
 def section(results: list[BlockCosts], meta: dict) -> str:

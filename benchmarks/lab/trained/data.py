@@ -154,5 +154,6 @@ def draw_clips(n: int, size: int, frames: int, seed: int) -> tuple[torch.Tensor,
 
 
 def to_uint8(x: torch.Tensor) -> np.ndarray:
-    """Images in [-1, 1] (n, 3, h, w) as uint8 (n, h, w, 3), for saving and for skimage's metrics."""
-    return ((x.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).numpy()
+    """Images in [-1, 1] (n, 3, h, w) as uint8 (n, h, w, 3), for saving and for skimage's metrics; clips
+    (n, 3, f, h, w) as (n, f, h, w, 3)."""
+    return ((x.clamp(-1, 1) + 1) * 127.5).round().byte().movedim(1, -1).numpy()

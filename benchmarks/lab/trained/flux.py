@@ -60,6 +60,10 @@ class FluxLayout(nn.Module):
         out = self.transformer(**self.inputs(x, sigma, labels), return_dict=False)[0]
         return unpack(out, *x.shape[2:])
 
+    def schedule(self, steps: int, x: torch.Tensor) -> list[float]:
+        """The sampling schedule for images like ``x``: FLUX.1's, shifted for their token count (:func:`sigmas`)."""
+        return sigmas(steps, (x.shape[-1] // PATCH) ** 2)
+
     def inputs(self, x: torch.Tensor, sigma: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         """The transformer's keyword arguments for images ``x`` at times ``sigma`` under ``labels``."""
         text = self.conditioner(labels)

@@ -44,13 +44,15 @@ def bootstrap(values: np.ndarray, seed: int = 0, statistic=np.mean) -> Estimate:
 
 
 def psnr_ssim(samples: torch.Tensor, reference: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """Per-seed PSNR (dB) and SSIM of 8-bit ``samples`` against ``reference`` (both (n, 3, h, w) in [-1, 1]).
-    An identical pair has infinite PSNR; it is counted as ``IDENTICAL_PSNR`` so that means stay finite."""
+    """Per-seed PSNR (dB) and SSIM of 8-bit ``samples`` against ``reference`` (both (n, 3, h, w) in [-1, 1]; clips
+    (n, 3, f, h, w): PSNR over the whole clip, SSIM the mean of its frames'). An identical pair has infinite PSNR; it is
+    counted as ``IDENTICAL_PSNR`` so that means stay finite."""
     a, b = to_uint8(samples), to_uint8(reference)
     psnr, ssim = [], []
     for x, y in zip(a, b):
         psnr.append(IDENTICAL_PSNR if np.array_equal(x, y) else peak_signal_noise_ratio(y, x, data_range=255))
-        ssim.append(structural_similarity(y, x, data_range=255, channel_axis=2))
+        frames = zip(y.reshape(-1, *y.shape[-3:]), x.reshape(-1, *x.shape[-3:]))
+        ssim.append(np.mean([structural_similarity(f, g, data_range=255, channel_axis=2) for f, g in frames]))
     return np.array(psnr), np.array(ssim)
 
 

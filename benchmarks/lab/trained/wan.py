@@ -61,6 +61,10 @@ class WanLayout(nn.Module):
     def forward(self, x: torch.Tensor, sigma: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return self.transformer(**self.inputs(x, sigma, labels), return_dict=False)[0]
 
+    def schedule(self, steps: int, x: torch.Tensor) -> list[float]:
+        """The sampling schedule: Wan's, shifted by :data:`SHIFT` whatever the clip's size (:func:`sigmas`)."""
+        return sigmas(steps)
+
     def inputs(self, x: torch.Tensor, sigma: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         """The transformer's keyword arguments for clips ``x`` at times ``sigma`` under ``labels``."""
         return {

@@ -1,0 +1,86 @@
+"""The lab's trained diffusion transformers as the DiT commands take them (``--model``): the FLUX-layout image model
+and the Wan-layout video model, each with its noise, its weights (trained, or random for quick runs and tests) and the
+real model whose width prices a pass (:class:`benchmarks.lab.dit.BlockCosts` from
+:mod:`benchmarks.speed.dit_costs`' run, :class:`benchmarks.lab.wan21.ChainCosts` from
+:mod:`benchmarks.speed.wan_costs`')."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from benchmarks.lab.dit import BlockCosts, Trained
+from benchmarks.lab.fidelity import labels_for, noise_for
+from benchmarks.lab.results import load_run_data
+from benchmarks.lab.trained import data, flux, loading, wan
+from benchmarks.lab.wan21 import ChainCosts
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A trained DiT of the lab: ``name`` (its ``--model``), ``title`` and model ``card`` (for the results' text),
+    its ``module`` (:mod:`~benchmarks.lab.trained.flux` or :mod:`~benchmarks.lab.trained.wan`), ``frames`` of a
+    sample (None: an image), ``load(path)`` of its weights, ``transformer`` (diffusers' class), ``width`` (the real
+    model whose width prices a pass) with its costs' run and record."""
+
+    name: str
+    title: str
+    module: ModuleType
+    frames: int | None
+    load: Callable[..., Trained]
+    transformer: str
+    width: str
+    costs_run: str
+    costs_type: type[BlockCosts]
+
+    @property
+    def unit(self) -> str:
+        """What one sample is: an image or a clip."""
+        return "image" if self.frames is None else "clip"
+
+    @property
+    def card(self) -> str:
+        return f"benchmarks/lab/trained/weights/{self.name}.md"
+
+    def noise(self, seeds: range) -> torch.Tensor:
+        return noise_for(seeds, self.module.SIZE, self.module.CHANNELS, self.frames)
+
+    def labels(self, seeds: range) -> torch.Tensor:
+        return labels_for(seeds, len(data.CLASSES))
+
+    def random(self) -> Trained:
+        """The model with its library's initialisation, not trained (quick runs and tests)."""
+        return self.module.build(len(data.CLASSES)).eval().requires_grad_(False)
+
+    def costs(self) -> BlockCosts:
+        """The real model's costs, from its costs command's CPU run."""
+        return self.costs_type(**load_run_data(self.costs_run)[0][0])
+
+
+SUBJECTS = {
+    "flux": Subject(
+        "flux",
+        "the trained FLUX-layout model",
+        flux,
+        None,
+        loading.load_flux,
+        "FluxTransformer2DModel",
+        "FLUX.1's real width",
+        "dit-costs-cpu",
+        BlockCosts,
+    ),
+    "wan": Subject(
+        "wan",
+        "the trained Wan-layout video model",
+        wan,
+        wan.FRAMES,
+        loading.load_wan,
+        "WanTransformer3DModel",
+        "Wan 2.1 1.3B's real width (480p, 81 frames)",
+        "wan-costs-cpu",
+        ChainCosts,
+    ),
+}
