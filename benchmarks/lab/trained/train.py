@@ -52,9 +52,9 @@ class Recipe:
     batch: int = 16
 
 
-RECIPES = {"wan": Recipe(lr=2e-3, batch=8)}
-"""Where a model's recipe is not the UNets' (:class:`Recipe`'s defaults): the Wan-layout model, adaLN-Zero, takes a
-four times higher rate, and clips of 8 frames in its batch."""
+RECIPES = {"flux": Recipe(lr=2e-3, batch=32), "wan": Recipe(lr=2e-3, batch=8)}
+"""Where a model's recipe is not the UNets' (:class:`Recipe`'s defaults): the transformers, adaLN-Zero, take a four
+times higher rate, the FLUX-layout model twice the batch, the Wan-layout model clips of 8 frames."""
 
 
 def recipe_of(name: str) -> Recipe:
@@ -136,7 +136,7 @@ def train_flux(
     steps: int, seed: int, log, partial: Path | None = None, state: Resumable | None = None
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """The FLUX-layout model (:mod:`.flux`) by rectified flow: the velocity ``ε − x₀`` at a logit-normal time σ."""
-    model = flux.build(len(data.CLASSES), seed)
+    model = flux.zero_start(flux.build(len(data.CLASSES), seed))
     draw = _images(flux.SIZE, recipe_of(flux.NAME).batch, seed)
     return _train(model, _rectified_flow, draw, steps, seed, log, partial, state, recipe_of(flux.NAME))
 
@@ -296,7 +296,7 @@ def model_card(name: str, stats: dict, seed: int, threads: int) -> str:
     elif name == flux.NAME:
         layout = flux.__doc__.split("\n\n")[0].split("(issue 26): ", 1)[1]
         what = " ".join(f"The `{name}` model of `benchmarks/lab/trained/flux.py` (issue 26): {layout}".split())
-        arch = f"diffusers `FluxTransformer2DModel` {json.dumps(flux.CONFIG)}, {flux.PATCH}×{flux.PATCH} patches of RGB pixels, text {flux.TEXT_DIM} ({M.CONTEXT_TOKENS} tokens per label) and a pooled vector {flux.TEXT_DIM}"
+        arch = f"diffusers `FluxTransformer2DModel` {json.dumps(flux.CONFIG)}, {flux.PATCH}×{flux.PATCH} patches of RGB pixels, adaLN-Zero, text {flux.TEXT_DIM} ({M.CONTEXT_TOKENS} tokens per label) and a pooled vector {flux.TEXT_DIM}"
         recipe = "rectified flow (velocity ε − x₀ at a logit-normal time σ), " + schedule.format(
             size=flux.SIZE, twice=2 * flux.SIZE
         )
