@@ -42,6 +42,7 @@ DEFAULT_STEPS = {"sd15": 2300, "sdxl": 2800, "flux": 5000, "wan": 6000, "classif
 BIG_EVERY = 8  # every 8th step: side x2, batch / 4 (the same number of pixels)
 LABEL_DROPOUT = 0.1
 WARMUP, EMA = 100, 0.999
+IMAGES_PER_CLIP = 4  # the Wan-layout model's image batches: 4 images for each clip of a video batch
 
 
 @dataclass(frozen=True)
@@ -144,11 +145,16 @@ def train_flux(
 def train_wan(
     steps: int, seed: int, log, partial: Path | None = None, state: Resumable | None = None
 ) -> tuple[dict[str, torch.Tensor], dict]:
-    """The Wan-layout video model (:mod:`.wan`) by rectified flow on clips of :data:`.wan.FRAMES` frames."""
+    """The Wan-layout video model (:mod:`.wan`) by rectified flow, on images and videos jointly as Wan was trained:
+    every other batch clips of :data:`.wan.FRAMES` frames, the others :data:`IMAGES_PER_CLIP` times as many images
+    (one-frame clips)."""
     model = wan.zero_start(wan.build(len(data.CLASSES), seed))
     batch = recipe_of(wan.NAME).batch
 
     def draw(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if step % 2:
+            x, labels = data.draw(batch * IMAGES_PER_CLIP, wan.SIZE, _batch_seed(seed, step))
+            return x.unsqueeze(2), labels
         return data.draw_clips(batch, wan.SIZE, wan.FRAMES, _batch_seed(seed, step))
 
     return _train(model, _rectified_flow, draw, steps, seed, log, partial, state, recipe_of(wan.NAME))
@@ -305,8 +311,9 @@ def model_card(name: str, stats: dict, seed: int, threads: int) -> str:
         what = " ".join(f"The `{name}` model of `benchmarks/lab/trained/wan.py` (issue 36): {layout}".split())
         arch = f"diffusers `WanTransformer3DModel` {json.dumps(wan.CONFIG)}, RGB pixels, the time's modulation and the output at zero, text {wan.TEXT_DIM} ({M.CONTEXT_TOKENS} tokens per label) by cross-attention"
         recipe = (
-            f"rectified flow (velocity ε − x₀ at a logit-normal time σ), batch {r.batch} clips of {wan.FRAMES} frames "
-            f"at {wan.SIZE} px, label dropout {LABEL_DROPOUT:.0%}, AdamW lr {r.lr:g} (warm-up {WARMUP}, cosine to 10 %), "
+            f"rectified flow (velocity ε − x₀ at a logit-normal time σ), images and videos jointly (as Wan): "
+            f"batches of {r.batch} clips of {wan.FRAMES} frames at {wan.SIZE} px and of {IMAGES_PER_CLIP * r.batch} "
+            f"images (one-frame clips) in turn, label dropout {LABEL_DROPOUT:.0%}, AdamW lr {r.lr:g} (warm-up {WARMUP}, cosine to 10 %), "
             f"clip 1.0, EMA {EMA} (shipped, float16)"
         )
     else:
@@ -371,6 +378,8 @@ def main(argv: list[str] | None = None) -> None:
         "big_every": BIG_EVERY,
         "dropout": LABEL_DROPOUT,
     }
+    if args.model == wan.NAME:
+        recipe["images_per_clip"] = IMAGES_PER_CLIP
     run = {"model": args.model, "steps": steps, "seed": args.seed, "recipe": recipe}
     state = None if args.state is None else Resumable(args.state, run, args.save_every)
     if args.model == "classifier":
