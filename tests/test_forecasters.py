@@ -127,3 +127,10 @@ def test_calibrated_order_2_reads_both_coefficients_off_the_probe_per_image():
     for i, (a, b) in enumerate(coefficients.tolist()):
         expected = d[2][i] + a * (d[2][i] - d[1][i]) + b * ((d[2][i] - d[1][i]) - (d[1][i] - d[0][i]))
         torch.testing.assert_close(out[i], expected, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("cls", [c for c in vars(F).values() if isinstance(c, type) and issubclass(c, F.History)])
+def test_every_study_forecaster_is_built_as_the_cache_builds_its_own(cls):
+    assert cls("linear", None).points == []  # Forecast(forecast, store), with the features kept where they are made
+    with pytest.raises(ValueError, match="cache_device"):
+        cls("linear", torch.device("meta"))

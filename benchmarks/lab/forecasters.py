@@ -112,8 +112,8 @@ class Chebyshev(History):
 
     keep, degree, lam = 8, 6, 0.5
 
-    def __init__(self, forecast: str = "linear", w: float = 0.25) -> None:
-        super().__init__(forecast)
+    def __init__(self, forecast: str = "linear", store: torch.device | None = None, w: float = 0.25) -> None:
+        super().__init__(forecast, store)
         self.w = w
 
     def extrapolate(self, x: float, time: float) -> torch.Tensor:
@@ -127,8 +127,8 @@ class Trapezoid(History):
 
     keep = 2
 
-    def __init__(self, forecast: str = "linear") -> None:
-        super().__init__(forecast)
+    def __init__(self, forecast: str = "linear", store: torch.device | None = None) -> None:
+        super().__init__(forecast, store)
         self.values: list[tuple[float, torch.Tensor]] = []  # the last two values (full or forecast along a line)
 
     def add(self, time, deep: torch.Tensor, probe: torch.Tensor | None = None) -> None:

@@ -46,7 +46,7 @@ FITS = {
     "TaylorSeer, order 2": ("linear", F.Taylor),
     "HiCache (Hermite, order 2)": ("linear", F.Hermite),
     "Spectrum (Chebyshev ridge, w 0.25)": ("linear", F.Chebyshev),
-    "Spectrum's fit alone (w 1)": ("linear", lambda forecast: F.Chebyshev(forecast, w=1.0)),
+    "Spectrum's fit alone (w 1)": ("linear", lambda forecast, store=None: F.Chebyshev(forecast, store, w=1.0)),
     "calibrated, order 2": ("calibrated", F.CalibratedTaylor),
     "FoCa's predictor-corrector": ("linear", F.Trapezoid),
 }
