@@ -57,7 +57,7 @@ def test_merging_shortens_the_image_tokens_where_it_acts(model, where, merged_in
     finally:
         for h in hooks:
             h.remove()
-    tokens = (flux.SIZE // flux.PATCH) ** 2  # 256: half of them merged away where merging acts
+    tokens = (flux.SIZE // flux.PATCH) ** 2  # 64: half of them merged away where merging acts
     assert seen == {name: tokens // 2 if name in merged_in else tokens for name in ("attn.to_q", "ff")}
 
 

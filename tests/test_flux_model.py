@@ -12,14 +12,15 @@ from benchmarks.lab.trained import architectures as A
 from benchmarks.lab.trained import data, flux
 
 
-def test_packing_makes_2x2_patches_row_by_row_tokens_and_unpacks_exactly():
-    x = torch.arange(2 * 3 * 4 * 6, dtype=torch.float32).reshape(2, 3, 4, 6)
+def test_packing_makes_4x4_patches_row_by_row_tokens_and_unpacks_exactly():
+    assert flux.PATCH == 4
+    x = torch.arange(2 * 3 * 8 * 12, dtype=torch.float32).reshape(2, 3, 8, 12)
     tokens = flux.pack(x)
-    assert tokens.shape == (2, 6, 12)
-    # token 1 is the patch at row 0, columns 2-3: channel by channel, its 2x2 pixels row by row
-    assert tokens[0, 1].tolist() == x[0, :, 0:2, 2:4].reshape(-1).tolist()
-    assert torch.equal(flux.unpack(tokens, 4, 6), x)
-    ids = flux.image_ids(4, 6)
+    assert tokens.shape == (2, 6, 48)
+    # token 1 is the patch at rows 0-3, columns 4-7: channel by channel, its 4x4 pixels row by row
+    assert tokens[0, 1].tolist() == x[0, :, 0:4, 4:8].reshape(-1).tolist()
+    assert torch.equal(flux.unpack(tokens, 8, 12), x)
+    ids = flux.image_ids(8, 12)
     assert ids.shape == (6, 3) and ids[1].tolist() == [0, 0, 1] and ids[3].tolist() == [0, 1, 0]
 
 
@@ -38,7 +39,7 @@ def test_euler_follows_a_straight_flow_to_its_end_exactly():
     torch.testing.assert_close(out, x0)
 
 
-def test_the_model_is_fluxs_blocks_at_reduced_width_conditioned_on_the_label():
+def test_the_model_is_fluxs_blocks_at_reduced_width_conditioned_on_the_label_and_trained_from_zero():
     model = flux.build(10).eval()
     t = model.transformer
     assert type(t).__name__ == "FluxTransformer2DModel"
@@ -48,6 +49,8 @@ def test_the_model_is_fluxs_blocks_at_reduced_width_conditioned_on_the_label():
     with torch.no_grad():
         a = model(x, torch.tensor([0.5, 0.5]), torch.tensor([3, -1]))
         b = model(x, torch.tensor([0.5, 0.5]), torch.tensor([4, -1]))
+        zero = flux.zero_start(model)(x, torch.tensor([0.5, 0.5]), torch.tensor([3, -1]))
+    assert torch.equal(zero, torch.zeros_like(x))  # adaLN-Zero: every block the identity, the output zero
     assert a.shape == x.shape and not torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert 1.5e6 < sum(p.numel() for p in model.parameters()) < 2.5e6
 

@@ -5,10 +5,15 @@ vector — at reduced width, trained here by rectified flow on the fidelity data
 
 * Layout: 3 double-stream then 6 single-stream blocks (FLUX.1: 19 and 38), hidden 96 = 3 heads of 32 (FLUX.1: 24 of
   128), RoPE axes 8 + 12 + 12 (FLUX.1: 16 + 56 + 56), no guidance embedding (as FLUX.1 schnell and Chroma: classifier-
-  free guidance runs as two streams). 1.9 M parameters.
-* Input: RGB pixels in [-1, 1] (no VAE), packed as FLUX packs latents: 2×2 patches → 12 channels a token, a 32 px image
-  is 256 image tokens (FLUX.1 at 1024 px: 4096); text: the class label's :data:`~.architectures.CONTEXT_TOKENS`
-  learned tokens (label −1: the empty prompt) and a learned pooled vector, from the UNet models' ``Conditioner``.
+  free guidance runs as two streams). 1.9 M parameters, trained from DiT's adaLN-Zero (every modulation and the
+  output projection at zero, each block the identity: :func:`zero_start`; :func:`build` alone is diffusers'
+  initialisation, a random model for tests).
+* Input: RGB pixels in [-1, 1] (no VAE), packed as FLUX packs latents: 4×4 patches → 48 channels a token (FLUX.1: 2×2
+  patches of a 16-channel latent at 1/8, 64 channels, each token 16 px square), a 32 px image is 64 image tokens
+  (FLUX.1 at 1024 px: 4096); text: the class label's :data:`~.architectures.CONTEXT_TOKENS` learned tokens (label −1:
+  the empty prompt) and a learned pooled vector, from the UNet models' ``Conditioner``. (With 2×2 patches and the
+  default initialisation, 5000 steps learned the photographs but not the digits: samples were recognised 28 % of the
+  time and the label moved the loss by under 1 %; 4×4 patches and adaLN-Zero learn them in a fraction of the time.)
 * Rectified flow: ``x_σ = (1 − σ) x₀ + σ ε``, the model predicts the velocity ``ε − x₀`` at time σ (the transformer's
   timestep, as FLUX.1's), σ drawn logit-normal (SD3's recipe).
 * Sampling: the flow-matching Euler sampler ``x ← x + (σ' − σ) v`` on FLUX.1's time-shifted schedule for the image's
@@ -27,7 +32,7 @@ from .architectures import CONTEXT_TOKENS, Conditioner
 
 NAME = "flux"
 SIZE = 32  # trained side, pixels
-PATCH = 2
+PATCH = 4
 CHANNELS = 3
 TEXT_DIM = 64
 CONFIG = dict(
@@ -79,14 +84,25 @@ class FluxLayout(nn.Module):
 
 
 def build(classes: int, seed: int = 0) -> FluxLayout:
-    """A freshly initialised model from ``seed`` (the global RNG is left alone)."""
+    """A freshly initialised model from ``seed``, diffusers' initialisation (the global RNG is left alone)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return FluxLayout(classes)
 
 
+def zero_start(model: FluxLayout) -> FluxLayout:
+    """Training's starting point (DiT's adaLN-Zero): every modulation and the output projection at zero."""
+    t = model.transformer
+    zeroed = [m.linear for m in t.modules() if type(m).__name__.startswith("AdaLayerNorm")] + [t.proj_out]
+    for layer in zeroed:
+        nn.init.zeros_(layer.weight)
+        nn.init.zeros_(layer.bias)
+    return model
+
+
 def pack(x: torch.Tensor) -> torch.Tensor:
-    """(B, C, H, W) → (B, H/2 · W/2, C · 4): 2×2 patches as tokens, row by row (FLUX's packing of latents)."""
+    """(B, C, H, W) → (B, H/P · W/P, C · P²): P × P patches as tokens (:data:`PATCH`), row by row (FLUX's packing of
+    latents)."""
     b, c, h, w = x.shape
     x = x.reshape(b, c, h // PATCH, PATCH, w // PATCH, PATCH)
     return x.permute(0, 2, 4, 1, 3, 5).reshape(b, (h // PATCH) * (w // PATCH), c * PATCH * PATCH)
