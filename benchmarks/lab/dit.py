@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -19,7 +20,7 @@ import torch
 import tome_core
 from benchmarks.lab import forecasters
 from benchmarks.lab.anchors import rel_l1
-from benchmarks.lab.results import load_run_data
+from benchmarks.lab.results import Section, command, load_run_data, run_command, run_meta
 from benchmarks.lab.timing import Timer
 from benchmarks.lab.trained import flux, wan
 from benchmarks.lab.trained.loading import load_classifier
@@ -237,6 +238,30 @@ def timed(out: BlockCosts, work: dict, rounds: int, whole=None, device: Device =
                 out.whole.append(timer.cpu)
             log(f"  {out.blocks.name}: round {r + 1}/{rounds} done")
     return out
+
+
+def costs_table(results: list[BlockCosts], kinds: tuple[str, ...]) -> list[str]:
+    """The costs commands' first table: per configuration the full step and each kind's seconds, also as a fraction
+    of the full step."""
+    lines = ["| configuration | full step | " + " | ".join(kinds) + " |", "|---|---:|" + "---:|" * len(kinds)]
+    for r in results:
+        full = r.full_step()
+        cells = [f"{r.cost(k):.4f} s ({r.cost(k) / full:.4f})" for k in kinds]
+        lines.append(f"| {r.blocks.name} | {full:.1f} s | " + " | ".join(cells) + " |")
+    return lines
+
+
+def costs_command(doc: str | None, section: Section, argv: list[str] | None, measure, quick, real, check) -> None:
+    """The costs commands' ``main``: ``measure(config, rounds, log, whole)`` at the ``real`` configuration and at
+    ``check`` (the whole model timed too), or at ``quick`` alone (2 rounds, printed only)."""
+
+    def measure_all(args) -> tuple[list[dict], dict]:
+        start, rounds = time.perf_counter(), 2 if args.quick else args.rounds
+        plan = ((quick, True),) if args.quick else ((real, False), (check, True))
+        results = [measure(config, rounds, print, whole) for config, whole in plan]
+        return [vars(r) for r in results], run_meta(args, rounds, time.perf_counter() - start)
+
+    run_command(command(doc, quick="", rounds=3, threads=1), section, argv, measure_all)
 
 
 # --- the trained FLUX-layout model under our cache ---------------------------------------------------------

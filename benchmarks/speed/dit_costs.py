@@ -26,13 +26,25 @@ forward at that width (all 57 blocks): the sum of the parts within a few percent
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import asdict
 
 import torch
 
-from benchmarks.lab.dit import CHECK, QUICK, REAL, STEPS, BlockCosts, Config, Device, blocks, cache_work, timed
-from benchmarks.lab.results import Section, command, run_command, run_meta
+from benchmarks.lab.dit import (
+    CHECK,
+    QUICK,
+    REAL,
+    STEPS,
+    BlockCosts,
+    Config,
+    Device,
+    blocks,
+    cache_work,
+    costs_command,
+    costs_table,
+    timed,
+)
+from benchmarks.lab.results import Section
 
 BEGIN, END = "<!-- dit-costs:begin -->", "<!-- dit-costs:end -->"
 KINDS = ("double", "single", "outside", "forecast", "calibrated", "calibration", "signal")
@@ -77,14 +89,7 @@ def section(results: list[BlockCosts], meta: dict) -> str:
 
 def tables(results: list[BlockCosts]) -> list[str]:
     """The costs and the speed-ups derived from them (seconds of whatever clock measured them)."""
-    lines = [
-        "| configuration | full step | " + " | ".join(KINDS) + " |",
-        "|---|---:|" + "---:|" * len(KINDS),
-    ]
-    for r in results:
-        full = r.full_step()
-        cells = [f"{r.cost(k):.4f} s ({r.cost(k) / full:.4f})" for k in KINDS]
-        lines.append(f"| {r.blocks.name} | {full:.1f} s | " + " | ".join(cells) + " |")
+    lines = costs_table(results, KINDS)
     lines += [
         "",
         "Derived: a cached step (the outside, the first double block as the probe, the calibrated forecast) and the "
@@ -105,13 +110,7 @@ SECTION = Section("dit-costs-cpu", BEGIN, END, lambda data, meta: section([Block
 
 
 def main(argv: list[str] | None = None) -> None:
-    def measure_all(args) -> tuple[list[dict], dict]:
-        start, rounds = time.perf_counter(), 2 if args.quick else args.rounds
-        plan = ((QUICK, True),) if args.quick else ((REAL, False), (CHECK, True))
-        results = [measure(config, rounds, print, whole) for config, whole in plan]
-        return [vars(r) for r in results], run_meta(args, rounds, time.perf_counter() - start)
-
-    run_command(command(__doc__, quick="", rounds=3, threads=1), SECTION, argv, measure_all)
+    costs_command(__doc__, SECTION, argv, measure, QUICK, REAL, CHECK)
 
 
 if __name__ == "__main__":

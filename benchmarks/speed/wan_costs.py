@@ -21,13 +21,12 @@ and a shorter clip are checked against the whole model's forward there.
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import asdict
 
 import torch
 
-from benchmarks.lab.dit import STEPS, Device, cache_work, timed
-from benchmarks.lab.results import Section, command, run_command, run_meta
+from benchmarks.lab.dit import STEPS, Device, cache_work, costs_command, costs_table, timed
+from benchmarks.lab.results import Section
 from benchmarks.lab.wan21 import CHECK, QUICK, REAL, ChainCosts, WanConfig, block
 
 BEGIN, END = "<!-- wan-costs:begin -->", "<!-- wan-costs:end -->"
@@ -64,13 +63,8 @@ def section(results: list[ChainCosts], meta: dict) -> str:
         "random weights, one clip; seconds of process CPU time, and as a fraction of a full step (the model's outside "
         "and all its blocks: Wan 2.1's 30).",
         "",
-        "| configuration | full step | " + " | ".join(KINDS) + " |",
-        "|---|---:|" + "---:|" * len(KINDS),
+        *costs_table(results, KINDS),
     ]
-    for r in results:
-        full = r.full_step()
-        cells = [f"{r.cost(k):.4f} s ({r.cost(k) / full:.4f})" for k in KINDS]
-        lines.append(f"| {r.blocks.name} | {full:.1f} s | " + " | ".join(cells) + " |")
     lines += [
         "",
         "Derived: a cached step (the outside, the first block as the probe, the calibrated forecast), the "
@@ -97,13 +91,7 @@ SECTION = Section("wan-costs-cpu", BEGIN, END, lambda data, meta: section([Chain
 
 
 def main(argv: list[str] | None = None) -> None:
-    def measure_all(args) -> tuple[list[dict], dict]:
-        start, rounds = time.perf_counter(), 2 if args.quick else args.rounds
-        plan = ((QUICK, True),) if args.quick else ((REAL, False), (CHECK, True))
-        results = [measure(config, rounds, print, whole) for config, whole in plan]
-        return [vars(r) for r in results], run_meta(args, rounds, time.perf_counter() - start)
-
-    run_command(command(__doc__, quick="", rounds=3, threads=1), SECTION, argv, measure_all)
+    costs_command(__doc__, SECTION, argv, measure, QUICK, REAL, CHECK)
 
 
 if __name__ == "__main__":
