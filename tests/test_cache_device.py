@@ -78,7 +78,7 @@ def test_kept_and_moved_copy_only_across_devices():
 @pytest.mark.parametrize("forecast", ["off", "linear"])
 def test_the_benchmarks_held_bytes_are_what_the_cache_holds(forecast, capsys):
     """``benchmarks.speed.cache_device`` derives the real sizes from the tensors' sizes: checked against the cache's own
-    count on the small FLUX model (cond and uncond batched: one stream of batch 2; 8 x 8 patches of width 96)."""
+    count on the small FLUX model (cond and uncond batched: one stream of batch 2; 16 px in patches of width 96)."""
     from benchmarks.speed import cache_device as bench
 
     model = flux.build(10, seed=3).eval().requires_grad_(False)
@@ -91,7 +91,7 @@ def test_the_benchmarks_held_bytes_are_what_the_cache_holds(forecast, capsys):
             model.transformer(**model.inputs(x, torch.tensor(1 - i / 8), torch.tensor([2, -1])), return_dict=False)
     held = session.cache.cached_bytes()
     tome_core.remove_patch(model.transformer)
-    case = bench.Case("small FLUX", 64, 96, 4, 1, 2)
+    case = bench.Case("small FLUX", (16 // flux.PATCH) ** 2, 96, 4, 1, 2)
     assert held == bench.held_bytes(case, bench.FORECASTS[forecast]) > 0
     bench.main(["--quick"])
     assert "| tiny | 0.1 MiB" in capsys.readouterr().out
