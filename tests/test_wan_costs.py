@@ -139,3 +139,34 @@ def test_a_clip_is_judged_frame_by_frame_and_compared_over_all_its_frames():
     frame_psnr, frame_ssim = psnr_ssim(noisy[0].transpose(0, 1), clips[0].transpose(0, 1))
     assert psnr[1] == 100.0 and psnr[0] == pytest.approx(frame_psnr[3] + 10 * math.log10(WAN.module.FRAMES))
     assert ssim[0] == pytest.approx(frame_ssim.mean())  # SSIM: the mean of the frames'
+
+
+def test_fastercache_runs_on_wan_in_diffusers_batch_order_and_a_call_on_cond_alone_costs_half(costs):
+    model = WAN.random()
+    executed = L.Executed(model.transformer)
+    noise, labels = WAN.noise(range(1)), WAN.labels(range(3, 4))
+    plain = dit.guided_euler(model, noise, labels, STEPS)
+    assert torch.equal(dit.guided_euler(model, noise, labels, STEPS, uncond_first=True), plain)  # the same samples
+    params = (
+        ("spatial_attention_block_skip_range", 2),
+        ("spatial_attention_timestep_skip_range", (-1, 901)),
+        ("unconditional_batch_skip_range", 2),
+        ("unconditional_batch_timestep_skip_range", (-1, 901)),
+    )
+    setting = L.Setting("diffusers", "fastercache", params)
+    assert setting.uncond_first and setting in L.settings(20, WAN.transformer) and setting not in L.settings(20)
+    executed.clear()
+    with setting.applied(model.transformer, STEPS):
+        cached = dit.guided_euler(model, noise, labels, STEPS, uncond_first=True)
+    halves = [i for i, b in enumerate(executed.batch) if b == 1]
+    assert halves and all(b in (1, 2) for b in executed.batch) and not torch.equal(cached, plain)
+    reused = [i for i, attended in enumerate(executed.attended) if not attended]
+    assert reused and all(len(ran) == 6 for ran in executed.ran)
+    full, share = costs.full_step(), costs.attention_share()
+    calls = []
+    for i in range(STEPS):
+        step = full if i not in reused else costs.cost("outside") + 30 * 2.0 * (1 - share)
+        calls.append(step / 2 if i in halves else step)
+    assert L.priced(executed, costs, setting.overhead) == pytest.approx(STEPS * full / sum(calls))
+    executed.clear()
+    assert torch.equal(dit.guided_euler(model, noise, labels, STEPS), plain)  # FasterCache removed

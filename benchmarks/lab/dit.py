@@ -288,14 +288,19 @@ class Mode:
         )
 
 
-def guided_euler(model: Trained, noise: torch.Tensor, labels: torch.Tensor, steps: int, progress=None):
-    """Guided flow-matching Euler sampling (cond and uncond batched) on the model's own schedule."""
+def guided_euler(
+    model: Trained, noise: torch.Tensor, labels: torch.Tensor, steps: int, progress=None, uncond_first: bool = False
+):
+    """Guided flow-matching Euler sampling (cond and uncond batched: [cond, uncond], or ``uncond_first``: [uncond,
+    cond], as diffusers' pipelines batch them) on the model's own schedule."""
     schedule = model.schedule(steps, noise)
-    both = torch.cat([labels, torch.full_like(labels, -1)])
+    empty = torch.full_like(labels, -1)
+    both = torch.cat([empty, labels] if uncond_first else [labels, empty])
 
     def velocity(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            cond, uncond = model(torch.cat([x, x]), sigma.expand(2 * len(x)), both).chunk(2)
+            first, second = model(torch.cat([x, x]), sigma.expand(2 * len(x)), both).chunk(2)
+        cond, uncond = (second, first) if uncond_first else (first, second)
         return uncond + CFG * (cond - uncond)
 
     return flux.euler(velocity, noise.clone(), schedule, progress)

@@ -1,9 +1,10 @@
 """The real libraries' caches as anchors on the trained FLUX- and Wan-layout transformers (issue 36): cache-dit's
 DBCache (the first and last blocks it computes, ``Fn`` and ``Bn``; its residual threshold and warm-up; TaylorSeer orders 1–2 and
 FoCa as its calibrators; step masks, ours among them) and diffusers' cache hooks (First Block Cache, MagCache with
-its own calibration, TaylorSeer and its lite mode, Pyramid Attention Broadcast), applied through the libraries'
-public APIs, one image at a time as a user runs them. (diffusers' FasterCache is not among them: it reads the batch as
-[uncond, cond], where this lab's is [cond, uncond].)
+its own calibration, TaylorSeer and its lite mode, Pyramid Attention Broadcast, FasterCache on Wan), applied through
+the libraries' public APIs, one image at a time as a user runs them. FasterCache reads the batch as [uncond, cond], as
+diffusers' pipelines batch it: its runs are sampled in that order (the lab's is [cond, uncond]; the samples are the
+same to the bit).
 
 Every run is priced by what it executed: forward hooks inside each block (on its first adaptive norm, which a skipped
 block never reaches whichever way the library skips it, and on its attention, which diffusers' TaylorSeer and PAB
@@ -52,11 +53,12 @@ class Executed:
         self.blocks = tuple(len(blocks) for blocks, _, _ in kinds)
         self.ran: list[set[int]] = []
         self.attended: list[set[int]] = []
+        self.batch: list[int] = []  # per call, the batch its blocks ran at (FasterCache runs cond alone at times)
         self._handles = [transformer.register_forward_pre_hook(self._call)]
         i = 0
         for blocks, norm, attn in kinds:
             for block in blocks:
-                self._handles.append(getattr(block, norm).register_forward_hook(lambda *_, i=i: self.ran[-1].add(i)))
+                self._handles.append(getattr(block, norm).register_forward_hook(lambda m, a, o, i=i: self._ran(i, a)))
                 to_q = getattr(block, attn).to_q
                 self._handles.append(to_q.register_forward_hook(lambda *_, i=i: self.attended[-1].add(i)))
                 i += 1
@@ -64,10 +66,21 @@ class Executed:
     def _call(self, *_) -> None:
         self.ran.append(set())
         self.attended.append(set())
+        self.batch.append(0)
+
+    def _ran(self, i: int, args: tuple) -> None:
+        self.ran[-1].add(i)
+        self.batch[-1] = max(self.batch[-1], len(args[0]))
+
+    def share(self, call: int) -> float:
+        """The share of the pass's batch that call ``call`` ran its blocks at (1 where it ran none)."""
+        full = max(self.batch, default=0)
+        return self.batch[call] / full if self.batch[call] and full else 1.0
 
     def clear(self) -> None:
         self.ran.clear()
         self.attended.clear()
+        self.batch.clear()
 
     def remove(self) -> None:
         for handle in self._handles:
@@ -96,13 +109,15 @@ def priced(executed: Executed, costs: BlockCosts, overhead: Overhead) -> float:
     """The speed-up over plain of the pass ``executed`` recorded, at the real width ``costs`` measured: a call that
     ran every block and its attention is a full step; one that ran every block, some without attention, runs all of
     the real model's blocks with the same fractions of each kind without attention; otherwise its first ``h`` and last
-    ``t`` blocks are the real model's first ``h`` (FLUX.1: double-stream) and last ``t`` (single-stream)."""
+    ``t`` blocks are the real model's first ``h`` (FLUX.1: double-stream) and last ``t`` (single-stream). A call that
+    ran on part of the batch (FasterCache's cond alone) costs that part."""
     total, groups = sum(executed.blocks), costs.groups()
     full = costs.full_step()
     seconds = 0.0
-    for ran, attended in zip(executed.ran, executed.attended):
+    for call, (ran, attended) in enumerate(zip(executed.ran, executed.attended)):
+        share = executed.share(call)
         if len(ran) == total and len(attended) == total:
-            seconds += full + (costs.cost("calibration") if overhead.forecast else 0.0)
+            seconds += share * (full + (costs.cost("calibration") if overhead.forecast else 0.0))
             continue
         if len(ran) == total:
             computed, skipped, first = 0.0, 0.0, 0
@@ -116,7 +131,7 @@ def priced(executed: Executed, costs: BlockCosts, overhead: Overhead) -> float:
             head, tail, middle = spans(ran, total)
             computed = head * groups[0].seconds + (tail + middle) * groups[-1].seconds
             skipped = sum(group.count for group in groups) - head - tail - middle
-        seconds += costs.cost("outside") + computed
+        seconds += share * (costs.cost("outside") + computed)
         if overhead.signal:
             seconds += costs.cost("signal")
         if overhead.forecast:
@@ -142,9 +157,14 @@ class Setting:
         p = dict(self.params)
         if self.library == "diffusers" and self.method == "taylorseer":
             return Overhead(forecast=True, per_block=True)
-        if self.method == "pab":  # a kept attention output, reused as it is
+        if self.method in ("pab", "fastercache"):  # kept attention outputs (and cond's), reused or blended
             return Overhead()
         return Overhead(signal=p.get("mask") is None, forecast=p.get("calibrator", "none") != "none")
+
+    @property
+    def uncond_first(self) -> bool:
+        """Whether the library reads the guided batch as [uncond, cond] (FasterCache)."""
+        return self.method == "fastercache"
 
     @contextlib.contextmanager
     def applied(self, transformer: torch.nn.Module, steps: int, ratios: list[float] | None = None) -> Iterator[None]:
@@ -209,9 +229,23 @@ def _cache_dit(transformer: torch.nn.Module, steps: int, p: dict) -> Callable[[]
 
 
 def _diffusers(transformer, steps: int, method: str, p: dict, ratios: list[float] | None) -> Callable[[], None]:
-    from diffusers import FirstBlockCacheConfig, MagCacheConfig, PyramidAttentionBroadcastConfig, TaylorSeerCacheConfig
+    from diffusers import (
+        FasterCacheConfig,
+        FirstBlockCacheConfig,
+        MagCacheConfig,
+        PyramidAttentionBroadcastConfig,
+        TaylorSeerCacheConfig,
+    )
 
     clock = None
+    now = [0.0]  # the transformer's timestep on diffusers' 0–1000 scale, as its pipelines pass it to PAB/FasterCache
+    if method in ("pab", "fastercache"):
+        scale = TIMESTEP_SCALE[type(transformer).__name__]
+
+        def tick(_, args, kwargs) -> None:
+            now[0] = float(kwargs["timestep"].flatten()[0]) * scale
+
+        clock = transformer.register_forward_pre_hook(tick, with_kwargs=True)
     if method == "fbcache":
         config = FirstBlockCacheConfig(threshold=p["threshold"])
     elif method == "magcache":
@@ -223,18 +257,19 @@ def _diffusers(transformer, steps: int, method: str, p: dict, ratios: list[float
             mag_ratios=ratios,
         )
     elif method == "pab":
-        now = [0.0]  # the transformer's timestep on diffusers' 0–1000 scale, as its pipelines pass it to PAB
-
-        scale = TIMESTEP_SCALE[type(transformer).__name__]
-
-        def tick(_, args, kwargs) -> None:
-            now[0] = float(kwargs["timestep"].flatten()[0]) * scale
-
-        clock = transformer.register_forward_pre_hook(tick, with_kwargs=True)
         config = PyramidAttentionBroadcastConfig(
             spatial_attention_block_skip_range=p["spatial_attention_block_skip_range"],
             spatial_attention_timestep_skip_range=p["spatial_attention_timestep_skip_range"],
             current_timestep_callback=lambda: now[0],
+        )
+    elif method == "fastercache":
+        config = FasterCacheConfig(
+            spatial_attention_block_skip_range=p["spatial_attention_block_skip_range"],
+            spatial_attention_timestep_skip_range=p["spatial_attention_timestep_skip_range"],
+            unconditional_batch_skip_range=p["unconditional_batch_skip_range"],
+            unconditional_batch_timestep_skip_range=p["unconditional_batch_timestep_skip_range"],
+            current_timestep_callback=lambda: now[0],
+            tensor_format="BCFHW",
         )
     else:
         config = TaylorSeerCacheConfig(
@@ -303,7 +338,9 @@ def settings(steps: int, transformer: str = "FluxTransformer2DModel") -> list[Se
     blocks are already 22 % of its depth (FLUX.1's: 4 %; the Wan-layout model's 33 %, Wan 2.1 1.3B's 7 %); its default
     warm-up (8 steps, for 28–50-step runs) would leave 12 of 20 steps, so 1 and 3. On Wan, diffusers' TaylorSeer
     runs in lite mode only: its standard mode hooks the modules named ``…attn``, and Wan's are ``attn1`` and ``attn2``
-    (a pass without a single forecast)."""
+    (a pass without a single forecast). FasterCache runs on Wan only: it reuses the attention modules named ``attn1``
+    (FLUX's are ``attn``) and approximates the unconditional output in the frequencies of a (B, C, F, H, W) latent
+    (FLUX's output is packed tokens)."""
     calibrators = (
         {"calibrator": ("none",)},
         {"calibrator": ("taylorseer",), "order": (1, 2)},
@@ -353,4 +390,13 @@ def settings(steps: int, transformer: str = "FluxTransformer2DModel") -> list[Se
         spatial_attention_block_skip_range=(2, 3, 4, 5, 6),
         spatial_attention_timestep_skip_range=((100, 800), (50, 950), (-1, 1001)),
     )
+    if transformer == "WanTransformer3DModel":
+        out += _grid(
+            "diffusers",
+            "fastercache",
+            spatial_attention_block_skip_range=(2, 3, 4),
+            spatial_attention_timestep_skip_range=((-1, 681), (-1, 901)),
+            unconditional_batch_skip_range=(2, 5),
+            unconditional_batch_timestep_skip_range=((-1, 641), (-1, 901)),
+        )
     return list({s.name: s for s in out}.values())  # (few steps make some masks alike)

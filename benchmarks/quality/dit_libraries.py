@@ -64,7 +64,9 @@ def run_setting(models: dict, setting: L.Setting, noise, labels, plain, steps: i
         for i in range(len(noise)):
             executed.clear()
             with setting.applied(model.transformer, steps, ratios):
-                outs.append(guided_euler(model, noise[i : i + 1], labels[i : i + 1], steps))
+                outs.append(
+                    guided_euler(model, noise[i : i + 1], labels[i : i + 1], steps, uncond_first=setting.uncond_first)
+                )
             speeds.append(L.priced(executed, costs, setting.overhead))
     finally:
         executed.remove()
