@@ -1,17 +1,17 @@
 """The real libraries' caches as anchors on the trained FLUX- and Wan-layout transformers (issue 36): cache-dit's
-DBCache (the first and last blocks it computes, ``Fn`` and ``Bn``; its residual threshold and warm-up; TaylorSeer orders 1–2 and
-FoCa as its calibrators; step masks, ours among them) and diffusers' cache hooks (First Block Cache, MagCache with
-its own calibration, TaylorSeer and its lite mode, Pyramid Attention Broadcast, FasterCache on Wan), applied through
-the libraries' public APIs, one image at a time as a user runs them. FasterCache reads the batch as [uncond, cond], as
-diffusers' pipelines batch it: its runs are sampled in that order (the lab's is [cond, uncond]; the samples are the
-same to the bit).
+DBCache (the first and last blocks it computes, ``Fn`` and ``Bn``; its residual threshold and warm-up; TaylorSeer
+orders 1–2 and FoCa as its calibrators; step masks, ours among them) and diffusers' cache hooks (First Block Cache,
+MagCache with its own calibration, TaylorSeer and its lite mode, Pyramid Attention Broadcast, FasterCache on Wan),
+applied through the libraries' public APIs, one image at a time as a user runs them. FasterCache reads the batch as
+[uncond, cond], as diffusers' pipelines batch it: its runs are sampled in that order (the lab's is [cond, uncond]; the
+samples are the same to the bit).
 
 Every run is priced by what it executed: forward hooks inside each block (on its first adaptive norm, which a skipped
 block never reaches whichever way the library skips it, and on its attention, which diffusers' TaylorSeer and PAB
-skip alone) record, call by call, what computed; :func:`priced` turns that into the real model's width (FLUX.1's:
-:class:`benchmarks.lab.dit.BlockCosts`, Wan 2.1's: :class:`benchmarks.lab.wan21.ChainCosts`), with the model's outside and the library's own work: its signal (a
-residual's distance) where it decides by a threshold, its forecast where it extrapolates (diffusers' TaylorSeer: one per
-skipped module).
+skip alone) record, call by call, what computed and at what batch; :func:`priced` turns that into the real model's
+width (FLUX.1's: :class:`benchmarks.lab.dit.BlockCosts`, Wan 2.1's: :class:`benchmarks.lab.wan21.ChainCosts`), with
+the model's outside and the library's own work: its signal (a residual's distance) where it decides by a threshold,
+its forecast where it extrapolates (diffusers' TaylorSeer: one per skipped module).
 
 Benchmark dependencies only (pinned in ``requirements-dev.txt``); nothing here enters ``tome_core``.
 """
