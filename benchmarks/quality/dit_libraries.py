@@ -162,7 +162,7 @@ def best_at(final: dict, library: str, target: float) -> dict | None:
     return max(runs, key=lambda r: r["psnr"], default=None)
 
 
-def markers(subject: Subject) -> tuple[str, str]:
+def markers(subject: Subject) -> tuple[str, str, str]:
     """The run's name and its RESULTS.md markers: ``dit-libraries`` on FLUX, ``dit-libraries-<model>`` on another."""
     run = "dit-libraries" if subject.name == "flux" else f"dit-libraries-{subject.name}"
     return run, f"<!-- {run}:begin -->", f"<!-- {run}:end -->"
