@@ -48,3 +48,17 @@ def test_the_frontier_plot_draws_every_family_the_runs_measured():
     assert {family for family, *_ in points} <= set(dit_frontier.FAMILIES)  # none left out of the legend
     ours = {label for family, label, *_ in points if family == "ours"}
     assert ours == {"N=2", "N=3", "N=4", "N=5"}  # auto's rows only: the start and study rows are "ours-other"
+
+
+def test_on_the_wan_model_the_run_is_ours_alone_and_renders_its_own_section():
+    from benchmarks.lab.subjects import SUBJECTS
+
+    wan = SUBJECTS["wan"]
+    results = dit_fidelity.run(2, 6, wan.random(), lambda _: None, wan)
+    assert list(results) == ["plain", *(m.name for m in dit_fidelity.MODES)]  # the anchors hook FLUX's blocks
+    counts = results["linear-uniform-2"]["counts"]
+    assert counts["cached"] > 0 and results["linear-uniform-2"]["psnr"][0] < 100  # cached steps on a clip
+    text = dit_fidelity.section(results, {"seeds": 2, "steps": 6, "seconds": 1.0, "model": "wan"})
+    assert text.startswith("<!-- dit-fidelity-wan:begin -->") and text.endswith("<!-- dit-fidelity-wan:end -->")
+    assert "Wan 2.1's schedule (shift 3)" in text and "`benchmarks.speed.wan_costs`" in text
+    assert f"{wan.priced(counts):.2f}×" in text  # priced at Wan 2.1's width, not FLUX.1's

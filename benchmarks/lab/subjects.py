@@ -23,8 +23,9 @@ from benchmarks.lab.wan21 import ChainCosts
 class Subject:
     """A trained DiT of the lab: ``name`` (its ``--model``), ``title`` and model ``card`` (for the results' text),
     its ``module`` (:mod:`~benchmarks.lab.trained.flux` or :mod:`~benchmarks.lab.trained.wan`), ``frames`` of a
-    sample (None: an image), ``load(path)`` of its weights, ``transformer`` (diffusers' class), ``width`` (the real
-    model whose width prices a pass) with its costs' run and record."""
+    sample (None: an image), ``load(path)`` of its weights, ``transformer`` (diffusers' class), ``schedule`` (its
+    sampling schedule, in words), ``width`` (the real model whose width prices a pass) with its costs' command, run
+    and record."""
 
     name: str
     title: str
@@ -32,7 +33,9 @@ class Subject:
     frames: int | None
     load: Callable[..., Trained]
     transformer: str
+    schedule: str
     width: str
+    costs_command: str
     costs_run: str
     costs_type: type[BlockCosts]
 
@@ -44,6 +47,15 @@ class Subject:
     @property
     def card(self) -> str:
         return f"benchmarks/lab/trained/weights/{self.name}.md"
+
+    def run_name(self, command: str) -> str:
+        """A command's run on this subject: ``command`` itself on FLUX (the first subject), ``command-<name>`` else."""
+        return command if self.name == "flux" else f"{command}-{self.name}"
+
+    def markers(self, command: str) -> tuple[str, str, str]:
+        """The command's run on this subject (:meth:`run_name`) and its RESULTS.md markers."""
+        run = self.run_name(command)
+        return run, f"<!-- {run}:begin -->", f"<!-- {run}:end -->"
 
     def noise(self, seeds: range) -> torch.Tensor:
         return noise_for(seeds, self.module.SIZE, self.module.CHANNELS, self.frames)
@@ -59,6 +71,13 @@ class Subject:
         """The real model's costs, from its costs command's CPU run."""
         return self.costs_type(**load_run_data(self.costs_run)[0][0])
 
+    def priced(self, counts: dict[str, int]) -> float | None:
+        """A pass's speed-up at the real model's width (:meth:`BlockCosts.priced`), or None without its costs' run."""
+        try:
+            return self.costs().priced(counts)
+        except FileNotFoundError:
+            return None
+
 
 SUBJECTS = {
     "flux": Subject(
@@ -68,7 +87,9 @@ SUBJECTS = {
         None,
         loading.load_flux,
         "FluxTransformer2DModel",
+        "FLUX.1's schedule",
         "FLUX.1's real width",
+        "benchmarks.speed.dit_costs",
         "dit-costs-cpu",
         BlockCosts,
     ),
@@ -79,7 +100,9 @@ SUBJECTS = {
         wan.FRAMES,
         loading.load_wan,
         "WanTransformer3DModel",
+        f"Wan 2.1's schedule (shift {wan.SHIFT:g})",
         "Wan 2.1 1.3B's real width (480p, 81 frames)",
+        "benchmarks.speed.wan_costs",
         "wan-costs-cpu",
         ChainCosts,
     ),

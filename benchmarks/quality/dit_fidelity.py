@@ -1,12 +1,14 @@
 """The step cache on a diffusion transformer, on the trained FLUX-layout model (``python -m benchmarks.quality.dit_fidelity``;
-issue 26): what each setting keeps of plain's image and what it would save at FLUX.1's real width.
+issue 26) and the Wan-layout video model (``--model wan``, issue 36): what each setting keeps of plain's image and what
+it would save at the real model's width.
 
 The model (:mod:`benchmarks.lab.trained.flux`, ``weights/flux.safetensors``) samples 64 seeds at its trained side with
 the flow-matching Euler sampler on FLUX.1's schedule, classifier-free guidance 4 (cond and uncond batched: one
 stream), 20 steps. Plain runs once; each mode of :data:`MODES` (our cache through the same engine as on the UNets:
 the forecast off = DeepCache's reuse, linear, calibrated; the uniform and the time schedule) and each anchor of
 :data:`ANCHORS` (First Block Cache, TeaCache, TaylorSeer, MagCache, EasyCache, LazyCache: :mod:`benchmarks.lab.dit_anchors`, image
-by image) samples the same noise.
+by image; they hook FLUX's blocks, so on Wan the real libraries of :mod:`benchmarks.quality.dit_libraries` stand in)
+samples the same noise.
 Reported per mode: mean PSNR and SSIM against plain's sample with their bootstrap 95 % intervals, the judge's class
 accuracy, the full steps of the pass and the speed-up of those steps priced at FLUX.1's real width
 (:mod:`benchmarks.speed.dit_costs`' run; a cached step runs the model's outside and the first double block).
@@ -14,6 +16,7 @@ accuracy, the full steps of the pass and the speed-up of those steps priced at F
     python -m benchmarks.quality.dit_fidelity            # the run; writes its RESULTS.md section
     python -m benchmarks.quality.dit_fidelity --quick    # 4 seeds, 4 steps, untrained weights: prints only (CI runs it)
     python -m benchmarks.quality.dit_fidelity --render   # the section again from benchmarks/runs/dit-fidelity.json
+    python -m benchmarks.quality.dit_fidelity --model wan   # the Wan-layout model: our modes (run dit-fidelity-wan)
 """
 
 from __future__ import annotations
@@ -25,14 +28,14 @@ from dataclasses import asdict, dataclass
 import torch
 
 from benchmarks.lab import dit_anchors as A
-from benchmarks.lab.dit import CFG, SEEDS, STEPS, Mode, accuracy, guided_euler, priced, sample
-from benchmarks.lab.fidelity import labels_for, noise_for
+from benchmarks.lab.dit import CFG, SEEDS, STEPS, Mode, accuracy, guided_euler, sample
 from benchmarks.lab.results import Section, command, run_command
-from benchmarks.lab.trained import data, flux
-from benchmarks.lab.trained.loading import load_flux
+from benchmarks.lab.subjects import SUBJECTS, Subject
+from benchmarks.lab.trained import flux
 from benchmarks.lab.trained.metrics import Estimate, bootstrap, psnr_ssim
 
-BEGIN, END = "<!-- dit-fidelity:begin -->", "<!-- dit-fidelity:end -->"
+COMMAND = "dit-fidelity"
+_, BEGIN, END = SUBJECTS["flux"].markers(COMMAND)
 FIRST = 0.15
 """``cache_start`` that keeps the first three of 20 steps full."""
 
@@ -132,15 +135,15 @@ def sample_anchor(model, noise, labels, steps: int, anchor: Anchor, calibration)
 
 def calibrate(model: flux.FluxLayout, steps: int) -> Calibration:
     """TeaCache's polynomial and MagCache's ratios fitted to ``model`` on plain runs of :data:`CALIBRATION_SEEDS`."""
-    noise = noise_for(CALIBRATION_SEEDS, flux.SIZE, flux.CHANNELS)
-    labels = labels_for(CALIBRATION_SEEDS, len(data.CLASSES))
+    subject = SUBJECTS["flux"]
+    noise, labels = subject.noise(CALIBRATION_SEEDS), subject.labels(CALIBRATION_SEEDS)
     recorders = _per_image(model, noise, labels, steps, A.Recorder)[1]
     return Calibration(A.fit_teacache(recorders), A.magnitude_ratios(recorders))
 
 
-def run(seeds: int, steps: int, model: flux.FluxLayout, log) -> dict:
-    seed_range = range(seeds)
-    noise, labels = noise_for(seed_range, flux.SIZE, flux.CHANNELS), labels_for(seed_range, len(data.CLASSES))
+def run(seeds: int, steps: int, model, log, subject: Subject = SUBJECTS["flux"]) -> dict:
+    """Plain, each mode of :data:`MODES` and (on FLUX) each anchor of :data:`ANCHORS` on ``subject``'s ``model``."""
+    noise, labels = subject.noise(range(seeds)), subject.labels(range(seeds))
     start = time.perf_counter()
     plain, _ = sample(model, noise, labels, steps)
     out = {"plain": {"accuracy": accuracy(plain, labels).to_json()}}
@@ -156,13 +159,15 @@ def run(seeds: int, steps: int, model: flux.FluxLayout, log) -> dict:
             "counts": counts,
         }
         log(f"{mode.name}: {out[mode.name]['psnr'][0]:.1f} dB, {counts}")
+    if subject.name != "flux":
+        return out
     calibration = calibrate(model, steps)
     out["teacache-polynomial"] = list(calibration.polynomial)
     out["magcache-ratios"] = calibration.ratios
     for anchor in ANCHORS:
         samples, per_image = sample_anchor(model, noise, labels, steps, anchor, calibration)
         psnr, ssim = psnr_ssim(samples, plain)
-        speeds = [priced(c) for c in per_image]
+        speeds = [subject.priced(c) for c in per_image]
         out[anchor.name] = {
             "label": anchor.label,
             "psnr": bootstrap(psnr).to_json(),
@@ -176,15 +181,20 @@ def run(seeds: int, steps: int, model: flux.FluxLayout, log) -> dict:
 
 
 def section(data_: dict, meta: dict) -> str:
+    subject = SUBJECTS[meta.get("model", "flux")]
+    _, begin, end = subject.markers(COMMAND)
     plain = Estimate.from_json(data_["plain"]["accuracy"])
+    on = "" if subject.name == "flux" else f" --model {subject.name}"
+    frames = "" if subject.frames is None else " (every frame of each clip)"
     lines = [
-        BEGIN,
-        "## The step cache on a diffusion transformer (`python -m benchmarks.quality.dit_fidelity`)",
+        begin,
+        f"## The step cache on a diffusion transformer (`python -m benchmarks.quality.dit_fidelity{on}`)",
         "",
-        f"The trained FLUX-layout model (`benchmarks/lab/trained/weights/flux.md`), {meta['seeds']} seeds, {meta['steps']} "
-        f"flow-matching Euler steps on FLUX.1's schedule, CFG {CFG:g}; {meta['seconds'] / 60:.0f} min (1 torch thread). "
-        f"PSNR and SSIM against plain's sample (mean [bootstrap 95 %]); class accuracy (plain: {plain.cell('.0%', 1)}); "
-        "speed-up: the pass's full and cached steps priced at FLUX.1's real width (`benchmarks.speed.dit_costs`).",
+        f"{subject.title[0].upper()}{subject.title[1:]} (`{subject.card}`), {meta['seeds']} seeds, {meta['steps']} "
+        f"flow-matching Euler steps on {subject.schedule}, CFG {CFG:g}; {meta['seconds'] / 60:.0f} min (1 torch thread). "
+        f"PSNR and SSIM against plain's sample (mean [bootstrap 95 %]); class accuracy{frames} (plain: "
+        f"{plain.cell('.0%', 1)}); speed-up: the pass's full and cached steps priced at {subject.width} "
+        f"(`{subject.costs_command}`).",
         "",
         "| mode | PSNR (dB) | SSIM | accuracy | full steps | speed-up |",
         "|---|---|---|---|---:|---:|",
@@ -198,7 +208,7 @@ def section(data_: dict, meta: dict) -> str:
             label = f"ours: {forecast}, {mode['schedule']}, N={mode['interval']}"
             if mode.get("start"):
                 label += ", 3 first steps full"
-            speed, full = priced(row["counts"]), str(row["counts"]["full"])
+            speed, full = subject.priced(row["counts"]), str(row["counts"]["full"])
         else:
             label, full = row["label"], f"{row['counts']['full']:.1f}"
             speed = sum(row["speeds"]) / len(row["speeds"]) if row.get("speeds") else None
@@ -217,18 +227,24 @@ def section(data_: dict, meta: dict) -> str:
     if "magcache-ratios" in data_:
         ratios = ", ".join(f"{r:.3f}" for r in data_["magcache-ratios"])
         lines += ["", f"MagCache's magnitude ratios calibrated on this model, per step: {ratios}."]
-    return "\n".join([*lines, END])
+    if subject.name != "flux":
+        lines += ["", "The other caches hook FLUX's blocks; on this model the real libraries' run stands in for them."]
+    return "\n".join([*lines, end])
 
 
 def main(argv: list[str] | None = None) -> None:
     def measure(args) -> tuple[dict, dict]:
         start = time.perf_counter()
+        subject = SUBJECTS[args.model]
         seeds, steps = (4, 4) if args.quick else (SEEDS, STEPS)
-        model = flux.build(len(data.CLASSES)).eval() if args.quick else load_flux()
-        results = run(seeds, steps, model, print)
-        return results, {"seeds": seeds, "steps": steps, "seconds": round(time.perf_counter() - start, 1)}
+        model = subject.random() if args.quick else subject.load()
+        results = run(seeds, steps, model, print, subject)
+        meta = {"seeds": seeds, "steps": steps, "seconds": round(time.perf_counter() - start, 1)}
+        return results, meta if subject.name == "flux" else {**meta, "model": subject.name}
 
-    run_command(command(__doc__, quick="", threads=1), Section("dit-fidelity", BEGIN, END, section), argv, measure)
+    parser = command(__doc__, quick="", threads=1)
+    parser.add_argument("--model", choices=sorted(SUBJECTS), default="flux", help="the trained DiT (default: flux)")
+    run_command(parser, lambda args: Section(*SUBJECTS[args.model].markers(COMMAND), section), argv, measure)
 
 
 if __name__ == "__main__":

@@ -162,15 +162,9 @@ def best_at(final: dict, library: str, target: float) -> dict | None:
     return max(runs, key=lambda r: r["psnr"], default=None)
 
 
-def markers(subject: Subject) -> tuple[str, str, str]:
-    """The run's name and its RESULTS.md markers: ``dit-libraries`` on FLUX, ``dit-libraries-<model>`` on another."""
-    run = "dit-libraries" if subject.name == "flux" else f"dit-libraries-{subject.name}"
-    return run, f"<!-- {run}:begin -->", f"<!-- {run}:end -->"
-
-
 def section(results: dict, meta: dict) -> str:
     subject = SUBJECTS[meta.get("model", "flux")]
-    _, begin, end = markers(subject)
+    _, begin, end = subject.markers("dit-libraries")
     final = results["final"]
     on = "" if subject.name == "flux" else f" on the {subject.title.removeprefix('the trained ')}"
     weights = f"`{subject.card}`" if meta.get("weights") is None else f"weights `{meta['weights']}`"
@@ -228,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         costs = subject.costs()
         weights = None if args.weights is None else str(args.weights)
         if args.ours_again:
-            saved = load_run_data(markers(subject)[0])
+            saved = load_run_data(subject.run_name("dit-libraries"))
             model = subject.load(saved[1].get("weights"))
             results, meta = ours_again(subject, saved[1]["seeds"], saved[1]["steps"], model, costs, saved, print)
             return results, {**meta, "ours_again_seconds": round(time.perf_counter() - start, 1)}
@@ -260,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", choices=sorted(SUBJECTS), default="flux", help="the trained DiT (default: flux)")
     parser.add_argument("--weights", type=Path, help="another weights file of the model's architecture")
     parser.add_argument("--ours-again", action="store_true", help="measure ours again, keep the libraries' runs")
-    run_command(parser, lambda args: Section(*markers(SUBJECTS[args.model]), section), argv, measure)
+    run_command(parser, lambda args: Section(*SUBJECTS[args.model].markers("dit-libraries"), section), argv, measure)
 
 
 if __name__ == "__main__":
