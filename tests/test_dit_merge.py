@@ -109,3 +109,15 @@ def test_the_few_steps_run_compares_the_cache_with_fewer_plain_steps(model):
     text = dit_steps.section(results, {"seeds": 2, "seconds": 1.0})
     assert text.startswith(dit_steps.BEGIN) and "| 4 | 3 | 2 |" in text
     assert dit_steps.loses({"gain": [-1.0, -1.5, -0.2]}) and not dit_steps.loses({"gain": [-1.0, -2.0, 0.1]})
+
+
+def test_the_few_steps_run_takes_the_wan_model_into_its_own_section():
+    from benchmarks.lab.subjects import SUBJECTS
+
+    wan = SUBJECTS["wan"]
+    results = dit_steps.run(2, (5,), wan.random(), lambda _: None, wan)
+    assert list(results) == ["5-2", "5-3"] and results["5-2"]["full"] == 3  # steps 0, 2 and 4 (the last) of 5
+    assert results["5-2"]["cache"]["psnr"][0] < 100  # steps 1 and 3 were cached on the clips
+    text = dit_steps.section(results, {"seeds": 2, "seconds": 1.0, "model": "wan"})
+    assert text.startswith("<!-- dit-steps-wan:begin -->") and "dit_steps --model wan" in text
+    assert "on Wan 2.1's schedule (shift 3)" in text and "| 5 | 2 | 3 |" in text

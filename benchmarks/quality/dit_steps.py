@@ -1,7 +1,7 @@
 """The step cache at few steps (``python -m benchmarks.quality.dit_steps``; issue 26: what the cache does at the 4–8 steps
-of distilled models): on the trained FLUX-layout model, at each step count, our cache (the transformers' ``auto``)
+of distilled models): on the trained FLUX-layout model (or the Wan-layout video model, ``--model wan``), at each step count, our cache (the transformers' ``auto``)
 against plain at that count, and against what a user could do instead: run plain with as many steps as the cached
-pass runs in full (about its cost: a cached step costs 2 % of a full one at FLUX.1's real width).
+pass runs in full (about its cost: a cached step costs 2 % of a full one at FLUX.1's real width, 3 % at Wan 2.1's).
 
 Per step count S: plain with S steps is the reference; PSNR/SSIM of our cache at N = 2 and 3 against it, and of plain
 with the cached pass's count of full steps against it. Where the cache is below those fewer plain steps, it only
@@ -10,6 +10,7 @@ loses: a user gets a closer image at no more cost by lowering the step count.
     python -m benchmarks.quality.dit_steps            # 64 seeds (a few minutes); writes its RESULTS.md section
     python -m benchmarks.quality.dit_steps --quick    # 2 seeds, untrained weights: prints only
     python -m benchmarks.quality.dit_steps --render   # the section again from benchmarks/runs/dit-steps.json
+    python -m benchmarks.quality.dit_steps --model wan   # the Wan-layout model (run dit-steps-wan)
 """
 
 from __future__ import annotations
@@ -19,21 +20,21 @@ import time
 import torch
 
 from benchmarks.lab import dit
-from benchmarks.lab.fidelity import labels_for, noise_for
 from benchmarks.lab.results import Section, command, run_command
-from benchmarks.lab.trained import data, flux
-from benchmarks.lab.trained.loading import load_flux
+from benchmarks.lab.subjects import SUBJECTS, Subject
 from benchmarks.lab.trained.metrics import Estimate, bootstrap, psnr_ssim
 from tome_core.caching.schedule import too_short
 
-BEGIN, END = "<!-- dit-steps:begin -->", "<!-- dit-steps:end -->"
+COMMAND = "dit-steps"
+_, BEGIN, END = SUBJECTS["flux"].markers(COMMAND)
 STEP_COUNTS = (4, 5, 6, 8, 12, 20)
 INTERVALS = (2, 3)
 
 
-def run(seeds: int, counts: tuple[int, ...], model: flux.FluxLayout, log) -> dict:
-    seed_range = range(seeds)
-    noise, labels = noise_for(seed_range, flux.SIZE, flux.CHANNELS), labels_for(seed_range, len(data.CLASSES))
+def run(seeds: int, counts: tuple[int, ...], model, log, subject: Subject = SUBJECTS["flux"]) -> dict:
+    """At each step count of ``counts``: our cache at each N of :data:`INTERVALS` and plain with fewer steps, on
+    ``subject``'s ``model``."""
+    noise, labels = subject.noise(range(seeds)), subject.labels(range(seeds))
     plain = {}
 
     def fewer(steps: int) -> torch.Tensor:
@@ -68,11 +69,14 @@ def loses(row: dict) -> bool:
 
 
 def section(data_: dict, meta: dict) -> str:
+    subject = SUBJECTS[meta.get("model", "flux")]
+    _, begin, end = subject.markers(COMMAND)
+    on = "" if subject.name == "flux" else f" --model {subject.name}"
     lines = [
-        BEGIN,
-        "## The step cache at few steps (`python -m benchmarks.quality.dit_steps`)",
+        begin,
+        f"## The step cache at few steps (`python -m benchmarks.quality.dit_steps{on}`)",
         "",
-        f"The trained FLUX-layout model, {meta['seeds']} seeds, flow-matching Euler on FLUX.1's schedule, CFG "
+        f"{subject.title[0].upper()}{subject.title[1:]}, {meta['seeds']} seeds, flow-matching Euler on {subject.schedule}, CFG "
         f"{dit.CFG:g}; {meta['seconds'] / 60:.0f} min (1 torch thread). At each step count, PSNR (dB, mean "
         "[bootstrap 95 %]) against plain with that many steps: our cache (`auto`: linear forecast, uniform schedule) "
         "at N, and plain run with only the cached pass's full steps (about the same cost); the cache's gain over "
@@ -97,18 +101,22 @@ def section(data_: dict, meta: dict) -> str:
             else "caches",
         ]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join([*lines, END])
+    return "\n".join([*lines, end])
 
 
 def main(argv: list[str] | None = None) -> None:
     def measure(args) -> tuple[dict, dict]:
         start = time.perf_counter()
+        subject = SUBJECTS[args.model]
         seeds, counts = (2, (4, 6)) if args.quick else (dit.SEEDS, STEP_COUNTS)
-        model = flux.build(len(data.CLASSES)).eval() if args.quick else load_flux()
-        results = run(seeds, counts, model, print)
-        return results, {"seeds": seeds, "seconds": round(time.perf_counter() - start, 1)}
+        model = subject.random() if args.quick else subject.load()
+        results = run(seeds, counts, model, print, subject)
+        meta = {"seeds": seeds, "seconds": round(time.perf_counter() - start, 1)}
+        return results, meta if subject.name == "flux" else {**meta, "model": subject.name}
 
-    run_command(command(__doc__, quick="", threads=1), Section("dit-steps", BEGIN, END, section), argv, measure)
+    parser = command(__doc__, quick="", threads=1)
+    parser.add_argument("--model", choices=sorted(SUBJECTS), default="flux", help="the trained DiT (default: flux)")
+    run_command(parser, lambda args: Section(*SUBJECTS[args.model].markers(COMMAND), section), argv, measure)
 
 
 if __name__ == "__main__":
