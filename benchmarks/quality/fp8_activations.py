@@ -1,7 +1,8 @@
 """What the step cache keeps on activation-quantized fp8 (issue 37): the trained FLUX-layout model with float weights
 and as ComfyUI runs ``fp8_e4m3fn_fast`` (weights and activations in float8_e4m3fn: :mod:`benchmarks.lab.quantized`),
 the transformers' linear forecast against DeepCache's reuse of the last full step (``cache_forecast: off``) at
-``cache_interval`` 2, 3 and 4 (uniform schedule), each against the same weights' plain samples.
+``cache_interval`` 2, 3 and 4 (uniform schedule), each against the same weights' plain samples; ``--model wan``: the
+same on the Wan-layout video model (run fp8-activations-wan).
 
     python -m benchmarks.quality.fp8_activations            # 64 seeds, 20 steps (a few minutes, one thread)
     python -m benchmarks.quality.fp8_activations --quick    # 2 seeds, 8 steps: prints only (CI)
@@ -19,24 +20,24 @@ import time
 import numpy as np
 
 from benchmarks.lab import dit
-from benchmarks.lab.fidelity import labels_for, noise_for
 from benchmarks.lab.quantized import fp8_fast
 from benchmarks.lab.results import Section, command, run_command, run_meta
-from benchmarks.lab.trained import data, flux
-from benchmarks.lab.trained.loading import load_flux
+from benchmarks.lab.subjects import SUBJECTS, Subject
 from benchmarks.lab.trained.metrics import Estimate, bootstrap, psnr_ssim
 
-BEGIN, END = "<!-- fp8-activations:begin -->", "<!-- fp8-activations:end -->"
+COMMAND = "fp8-activations"
+_, BEGIN, END = SUBJECTS["flux"].markers(COMMAND)
 WEIGHTS = ("float32", "fp8_e4m3fn_fast (W8A8)")
 FORECASTS = ("linear", "off")
 INTERVALS = (2, 3, 4)
 
 
-def measure(seeds: int, steps: int, log=print) -> list[dict]:
-    noise, labels = noise_for(range(seeds), flux.SIZE, flux.CHANNELS), labels_for(range(seeds), len(data.CLASSES))
+def measure(seeds: int, steps: int, log=print, subject: Subject = SUBJECTS["flux"]) -> list[dict]:
+    """Both forecasts at each interval on ``subject``'s trained model, with float and with W8A8 weights."""
+    noise, labels = subject.noise(range(seeds)), subject.labels(range(seeds))
     rows = []
     for weights in WEIGHTS:
-        model = load_flux().eval().requires_grad_(False)
+        model = subject.load().eval().requires_grad_(False)
         if weights != WEIGHTS[0]:
             fp8_fast(model.transformer)
         plain, _ = dit.sample(model, noise, labels, steps)
@@ -60,11 +61,14 @@ def measure(seeds: int, steps: int, log=print) -> list[dict]:
 
 
 def section(rows: list[dict], meta: dict) -> str:
+    subject = SUBJECTS[meta.get("model", "flux")]
+    _, begin, end = subject.markers(COMMAND)
+    on = "" if subject.name == "flux" else f" --model {subject.name}"
     lines = [
-        BEGIN,
-        "## The cache on activation-quantized fp8 (`python -m benchmarks.quality.fp8_activations`)",
+        begin,
+        f"## The cache on activation-quantized fp8 (`python -m benchmarks.quality.fp8_activations{on}`)",
         "",
-        f"The trained FLUX-layout model (`benchmarks/lab/trained/weights/flux.md`), {meta['seeds']} seeds, "
+        f"{subject.title[0].upper()}{subject.title[1:]} (`{subject.card}`), {meta['seeds']} seeds, "
         f"{meta['steps']} flow-matching Euler steps, CFG {dit.CFG:g}; torch {meta['torch']}, run finished "
         f"{meta['finished']}. fp8_e4m3fn_fast as ComfyUI runs it: weights and each linear layer's input in "
         "float8_e4m3fn (`benchmarks/lab/quantized.py`). PSNR against the same weights' plain sample (mean [bootstrap "
@@ -77,24 +81,24 @@ def section(rows: list[dict], meta: dict) -> str:
         cells = [Estimate.from_json(r[k]).cell(".1f") for k in (*FORECASTS, "difference")]
         counts = f"{r['counts']['full']} / {r['counts']['cached']}"
         lines.append(f"| {r['weights']} | {r['interval']} | {counts} | " + " | ".join(cells) + " |")
-    return "\n".join([*lines, END])
-
-
-SECTION = Section("fp8-activations", BEGIN, END, section)
+    return "\n".join([*lines, end])
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = command(__doc__, quick="2 seeds, 8 steps, print only", threads=1)
     parser.add_argument("--seeds", type=int, default=64)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--model", choices=sorted(SUBJECTS), default="flux", help="the trained DiT (default: flux)")
 
     def run(args) -> tuple[list[dict], dict]:
+        subject = SUBJECTS[args.model]
         seeds, steps = (2, 8) if args.quick else (args.seeds, args.steps)
         start = time.perf_counter()
-        rows = measure(seeds, steps)
-        return rows, {**run_meta(args, 1, time.perf_counter() - start), "seeds": seeds, "steps": steps}
+        rows = measure(seeds, steps, print, subject)
+        meta = {**run_meta(args, 1, time.perf_counter() - start), "seeds": seeds, "steps": steps}
+        return rows, meta if subject.name == "flux" else {**meta, "model": subject.name}
 
-    run_command(parser, SECTION, argv, run)
+    run_command(parser, lambda args: Section(*SUBJECTS[args.model].markers(COMMAND), section), argv, run)
 
 
 if __name__ == "__main__":
