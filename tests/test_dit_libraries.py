@@ -131,6 +131,27 @@ def test_a_quick_run_sweeps_runs_each_frontier_and_ours_and_renders(costs):
     assert text.startswith("<!-- dit-libraries:begin -->") and "| ≥ 2× |" in text and "ours: `ours-N3`" in text
 
 
+def test_a_stopped_run_continues_from_its_progress_file_and_refuses_another_runs(costs, tmp_path, monkeypatch):
+    from benchmarks.lab.results import Progress
+
+    settings = [s for s in L.settings(4) if s.name == "diffusers fbcache threshold=0.4"]
+    path, identity = tmp_path / "progress.json", {"model": "flux", "seeds": 2}
+    first = dit_libraries.run(
+        SUBJECTS["flux"], 2, 2, 4, _model, settings, costs, lambda _: None, Progress(path, identity)
+    )
+    kept = Progress(path, identity)
+    assert set(kept.rows) == {f"sweep/{settings[0].name}", f"final/{settings[0].name}"} and kept.seconds() > 0
+
+    def never(*args, **kwargs):
+        raise AssertionError("a kept run was run again")
+
+    monkeypatch.setattr(dit_libraries, "run_setting", never)
+    again = dit_libraries.run(SUBJECTS["flux"], 2, 2, 4, _model, settings, costs, lambda _: None, kept)
+    assert again == first  # the libraries' runs from the file, ours measured anew to the same bits
+    with pytest.raises(ValueError, match=r"progress\.json: written for"):
+        Progress(path, {**identity, "seeds": 64})
+
+
 def test_ours_again_keeps_the_libraries_runs_and_measures_ours_anew(costs):
     library_run = {"library": "diffusers", "name": "x", "psnr_per_seed": [30.0, 31.0], "psnr": 30.5, "speed": 2.5}
     stale = {"library": "ours", "name": "ours-N9", "psnr_per_seed": [1.0, 1.0], "psnr": 1.0, "speed": 9.0}

@@ -72,6 +72,39 @@ def run_meta(args: argparse.Namespace, rounds: int, seconds: float) -> dict:
     }
 
 
+class Progress:
+    """A long run's finished parts, kept in a file as they finish so that a stopped run continues where it stopped
+    (a command's ``--progress PATH``); ``identity`` (what the run measures: model, weights, seeds, …) must match the
+    file's, and the wall time of earlier legs is carried on (:meth:`seconds`). ``path`` None keeps nothing."""
+
+    def __init__(self, path: Path | None, identity: dict) -> None:
+        self.path, self.identity, self.start = path, identity, time.perf_counter()
+        self.rows: dict[str, Any] = {}
+        self.before = 0.0
+        if path is not None and path.exists():
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            if saved["identity"] != identity:
+                raise ValueError(f"--progress {path}: written for {saved['identity']}, not for {identity}")
+            self.rows, self.before = saved["rows"], saved["seconds"]
+
+    def seconds(self) -> float:
+        """Wall time of the whole run so far, earlier legs included."""
+        return self.before + time.perf_counter() - self.start
+
+    def get(self, key: str) -> Any | None:
+        return self.rows.get(key)
+
+    def put(self, key: str, row: Any) -> Any:
+        """Keep ``row`` as ``key``'s (written through at once); returns it."""
+        self.rows[key] = row
+        if self.path is not None:
+            saved = {"identity": self.identity, "seconds": self.seconds(), "rows": self.rows}
+            partial = self.path.with_name(self.path.name + ".tmp")
+            partial.write_text(json.dumps(saved) + "\n", encoding="utf-8")
+            partial.replace(self.path)
+        return row
+
+
 def mib(n: int | None, digits: int = 1) -> str:
     """Bytes as MiB for a table cell; — where nothing was measured."""
     return "—" if n is None else f"{n / 2**20:,.{digits}f}"

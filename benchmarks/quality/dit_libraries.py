@@ -17,6 +17,8 @@ priced speed) is found, not only its defaults.
     python -m benchmarks.quality.dit_libraries --ours-again   # ours measured again, the libraries' runs kept
     python -m benchmarks.quality.dit_libraries --model wan    # the Wan-layout model (run dit-libraries-wan)
     python -m benchmarks.quality.dit_libraries --model wan --weights PATH   # other weights of its architecture
+    python -m benchmarks.quality.dit_libraries --model wan --progress PATH  # keep each finished run in PATH and
+                                                                             # continue from it (a stopped run)
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch
 
 from benchmarks.lab import libraries as L
 from benchmarks.lab.dit import CFG, SEEDS, STEPS, BlockCosts, Mode, guided_euler, sample
-from benchmarks.lab.results import Section, command, load_run_data, run_command
+from benchmarks.lab.results import Progress, Section, command, load_run_data, run_command
 from benchmarks.lab.subjects import SUBJECTS, Subject
 from benchmarks.lab.trained.metrics import bootstrap, psnr_ssim
 
@@ -88,10 +90,12 @@ def run(
     settings: list[L.Setting],
     costs: BlockCosts,
     log,
+    progress: Progress | None = None,
 ) -> dict:
     """The sweep (``settings`` on the first ``sweep_seeds`` seeds), each library's frontier and ours on ``seeds``, on
     ``subject``; ``load()`` gives a model: one per library, as cache-dit patches its blocks' forwards for the
-    process's life."""
+    process's life. The libraries' runs already in ``progress`` are taken from it, each new one is put there."""
+    progress = progress or Progress(None, {})
     models = {"cache-dit": load(), "diffusers": load(), "ours": load()}
     noise, labels = subject.noise(range(seeds)), subject.labels(range(seeds))
     plain, _ = sample(models["ours"], noise, labels, steps)
@@ -107,21 +111,24 @@ def run(
     start = time.perf_counter()
     sweep = []
     for k, setting in enumerate(settings):
-        row = run_setting(
-            models, setting, noise[:sweep_seeds], labels[:sweep_seeds], plain[:sweep_seeds], steps, ratios, costs
-        )
-        row.pop("psnr_per_seed")
-        sweep.append({"library": setting.library, **row})
+        row = progress.get(f"sweep/{setting.name}")
+        if row is None:
+            row = run_setting(
+                models, setting, noise[:sweep_seeds], labels[:sweep_seeds], plain[:sweep_seeds], steps, ratios, costs
+            )
+            row.pop("psnr_per_seed")
+            row = progress.put(f"sweep/{setting.name}", {"library": setting.library, **row})
+        sweep.append(row)
         if k % 25 == 24:
             log(f"sweep {k + 1}/{len(settings)}: {time.perf_counter() - start:.0f} s")
     final = {}
     for library in ("cache-dit", "diffusers"):
         for point in frontier([p for p in sweep if p["library"] == library]):
             setting = by_name[point["name"]]
-            final[setting.name] = {
-                "library": library,
-                **run_setting(models, setting, noise, labels, plain, steps, ratios, costs),
-            }
+            final[setting.name] = progress.get(f"final/{setting.name}") or progress.put(
+                f"final/{setting.name}",
+                {"library": library, **run_setting(models, setting, noise, labels, plain, steps, ratios, costs)},
+            )
             log(f"{setting.name}: {final[setting.name]['psnr']:.1f} dB at {final[setting.name]['speed']:.2f}x")
     final.update(ours(models["ours"], noise, labels, plain, steps, costs, log))
     return {"magcache_ratios": ratios, "sweep": sweep, "final": final}
@@ -219,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
 
         start = time.perf_counter()
         subject = SUBJECTS[args.model]
+        versions = {"cache-dit": cache_dit.__version__, "diffusers": diffusers.__version__}
         costs = subject.costs()
         weights = None if args.weights is None else str(args.weights)
         if args.ours_again:
@@ -236,14 +244,26 @@ def main(argv: list[str] | None = None) -> None:
             def load():
                 return subject.load(weights)
 
-        results = run(subject, seeds, sweep_seeds, steps, load, settings, costs, print)
+        identity = {
+            "model": subject.name,
+            "weights": weights,
+            "seeds": seeds,
+            "sweep_seeds": sweep_seeds,
+            "steps": steps,
+            "versions": versions,
+            "settings": [s.name for s in settings],
+        }
+        progress = Progress(args.progress, identity)
+        results = run(subject, seeds, sweep_seeds, steps, load, settings, costs, print, progress)
         meta = {
             "seeds": seeds,
             "sweep_seeds": sweep_seeds,
             "steps": steps,
-            "versions": {"cache-dit": cache_dit.__version__, "diffusers": diffusers.__version__},
-            "seconds": round(time.perf_counter() - start, 1),
+            "versions": versions,
+            "seconds": round(progress.seconds(), 1),
         }
+        if args.progress is not None:
+            args.progress.unlink(missing_ok=True)  # the run is whole: nothing left to continue
         if subject.name != "flux":
             meta["model"] = subject.name
         if weights is not None:
@@ -254,6 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", choices=sorted(SUBJECTS), default="flux", help="the trained DiT (default: flux)")
     parser.add_argument("--weights", type=Path, help="another weights file of the model's architecture")
     parser.add_argument("--ours-again", action="store_true", help="measure ours again, keep the libraries' runs")
+    parser.add_argument("--progress", type=Path, help="keep each finished run here and continue from it if it exists")
     run_command(parser, lambda args: Section(*SUBJECTS[args.model].markers("dit-libraries"), section), argv, measure)
 
 
