@@ -203,3 +203,15 @@ def test_the_cache_runs_on_a_wan_video_model_with_quantized_weights(weights):
     assert count > 0 and torch.equal(_video(model, settings)[0], cached)
     assert torch.equal(_video(model)[0], plain)
     assert _psnr(cached, plain) > float_psnr - 3, (_psnr(cached, plain), float_psnr)
+
+
+def test_the_fp8_activations_benchmark_takes_the_trained_wan_model_into_its_own_section():
+    from benchmarks.lab.subjects import SUBJECTS
+    from benchmarks.quality import fp8_activations as bench
+
+    rows = bench.measure(1, 8, log=lambda _: None, subject=SUBJECTS["wan"])
+    assert [(r["weights"], r["interval"]) for r in rows] == [(w, n) for w in bench.WEIGHTS for n in bench.INTERVALS]
+    assert all(r["counts"]["cached"] > 0 and r["linear"][0] < 100 for r in rows)  # cached steps changed the clips
+    text = bench.section(rows, {"seeds": 1, "steps": 8, "torch": "x", "finished": "now", "model": "wan"})
+    assert text.startswith("<!-- fp8-activations-wan:begin -->") and "fp8_activations --model wan" in text
+    assert "`benchmarks/lab/trained/weights/wan.md`" in text

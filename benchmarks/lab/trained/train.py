@@ -38,7 +38,7 @@ from . import architectures as M
 from . import data, flux, wan
 from .classifier import Classifier
 
-DEFAULT_STEPS = {"sd15": 2300, "sdxl": 2800, "flux": 16000, "wan": 6000, "classifier": 1500}
+DEFAULT_STEPS = {"sd15": 2300, "sdxl": 2800, "flux": 16000, "wan": 30000, "classifier": 1500}
 BIG_EVERY = 8  # every 8th step: side x2, batch / 4 (the same number of pixels)
 LABEL_DROPOUT = 0.1
 WARMUP, EMA = 100, 0.999
