@@ -22,7 +22,8 @@ class Fp8FastLinear(nn.Linear):
         # diffusers' Wan casts its time embedding to the weight's dtype: computed in float32, as a host's compute dtype
         dtype = torch.float32 if x.dtype == FP8 else x.dtype
         if x.ndim in (2, 3):
-            x = x.float().clamp(-FP8_MAX, FP8_MAX).to(FP8)  # ComfyUI clamps the caller's tensor in place; the values agree
+            # ComfyUI clamps the caller's tensor in place; the values agree
+            x = x.float().clamp(-FP8_MAX, FP8_MAX).to(FP8)
         bias = None if self.bias is None else self.bias.float()
         return F.linear(x.float(), self.weight.float(), bias).to(dtype)
 
