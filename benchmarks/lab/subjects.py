@@ -6,6 +6,7 @@ real model whose width prices a pass (:class:`benchmarks.lab.dit.BlockCosts` fro
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -47,6 +48,20 @@ class Subject:
     @property
     def card(self) -> str:
         return f"benchmarks/lab/trained/weights/{self.name}.md"
+
+    @property
+    def heading(self) -> str:
+        """The title at a sentence's start."""
+        return self.title[0].upper() + self.title[1:]
+
+    @property
+    def option(self) -> str:
+        """The command-line option that picks this subject (with its leading space): none for FLUX, the default."""
+        return "" if self.name == "flux" else f" --model {self.name}"
+
+    def stamped(self, meta: dict) -> dict:
+        """A run's ``meta`` naming this subject (FLUX's runs, older than the option, name none)."""
+        return meta if self.name == "flux" else {**meta, "model": self.name}
 
     def run_name(self, command: str) -> str:
         """A command's run on this subject: ``command`` itself on FLUX (the first subject), ``command-<name>`` else."""
@@ -107,3 +122,13 @@ SUBJECTS = {
         ChainCosts,
     ),
 }
+
+
+def of_run(meta: dict) -> Subject:
+    """The subject a run's ``meta`` names (:meth:`Subject.stamped`)."""
+    return SUBJECTS[meta.get("model", "flux")]
+
+
+def add_model_option(parser: argparse.ArgumentParser) -> None:
+    """A DiT command's ``--model``: which trained subject it measures."""
+    parser.add_argument("--model", choices=sorted(SUBJECTS), default="flux", help="the trained DiT (default: flux)")

@@ -30,7 +30,7 @@ import torch
 from benchmarks.lab import dit_anchors as A
 from benchmarks.lab.dit import CFG, SEEDS, STEPS, Mode, accuracy, guided_euler, sample
 from benchmarks.lab.results import Section, command, run_command
-from benchmarks.lab.subjects import SUBJECTS, Subject
+from benchmarks.lab.subjects import SUBJECTS, Subject, add_model_option, of_run
 from benchmarks.lab.trained import flux
 from benchmarks.lab.trained.metrics import Estimate, bootstrap, psnr_ssim
 
@@ -181,16 +181,15 @@ def run(seeds: int, steps: int, model, log, subject: Subject = SUBJECTS["flux"])
 
 
 def section(data_: dict, meta: dict) -> str:
-    subject = SUBJECTS[meta.get("model", "flux")]
+    subject = of_run(meta)
     _, begin, end = subject.markers(COMMAND)
     plain = Estimate.from_json(data_["plain"]["accuracy"])
-    on = "" if subject.name == "flux" else f" --model {subject.name}"
     frames = "" if subject.frames is None else " (every frame of each clip)"
     lines = [
         begin,
-        f"## The step cache on a diffusion transformer (`python -m benchmarks.quality.dit_fidelity{on}`)",
+        f"## The step cache on a diffusion transformer (`python -m benchmarks.quality.dit_fidelity{subject.option}`)",
         "",
-        f"{subject.title[0].upper()}{subject.title[1:]} (`{subject.card}`), {meta['seeds']} seeds, {meta['steps']} "
+        f"{subject.heading} (`{subject.card}`), {meta['seeds']} seeds, {meta['steps']} "
         f"flow-matching Euler steps on {subject.schedule}, CFG {CFG:g}; {meta['seconds'] / 60:.0f} min (1 torch thread). "
         f"PSNR and SSIM against plain's sample (mean [bootstrap 95 %]); class accuracy{frames} (plain: "
         f"{plain.cell('.0%', 1)}); speed-up: the pass's full and cached steps priced at {subject.width} "
@@ -240,10 +239,10 @@ def main(argv: list[str] | None = None) -> None:
         model = subject.random() if args.quick else subject.load()
         results = run(seeds, steps, model, print, subject)
         meta = {"seeds": seeds, "steps": steps, "seconds": round(time.perf_counter() - start, 1)}
-        return results, meta if subject.name == "flux" else {**meta, "model": subject.name}
+        return results, subject.stamped(meta)
 
     parser = command(__doc__, quick="", threads=1)
-    parser.add_argument("--model", choices=sorted(SUBJECTS), default="flux", help="the trained DiT (default: flux)")
+    add_model_option(parser)
     run_command(parser, lambda args: Section(*SUBJECTS[args.model].markers(COMMAND), section), argv, measure)
 
 

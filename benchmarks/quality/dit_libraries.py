@@ -32,7 +32,7 @@ import torch
 from benchmarks.lab import libraries as L
 from benchmarks.lab.dit import CFG, SEEDS, STEPS, BlockCosts, Mode, guided_euler, sample
 from benchmarks.lab.results import Progress, Section, command, load_run_data, run_command
-from benchmarks.lab.subjects import SUBJECTS, Subject
+from benchmarks.lab.subjects import SUBJECTS, Subject, add_model_option, of_run
 from benchmarks.lab.trained.metrics import bootstrap, psnr_ssim
 
 SWEEP_SEEDS = 8
@@ -170,7 +170,7 @@ def best_at(final: dict, library: str, target: float) -> dict | None:
 
 
 def section(results: dict, meta: dict) -> str:
-    subject = SUBJECTS[meta.get("model", "flux")]
+    subject = of_run(meta)
     _, begin, end = subject.markers("dit-libraries")
     final = results["final"]
     on = "" if subject.name == "flux" else f" on the {subject.title.removeprefix('the trained ')}"
@@ -178,10 +178,10 @@ def section(results: dict, meta: dict) -> str:
     lines = [
         begin,
         f"## Our cache against the real libraries'{on} (`python -m benchmarks.quality.dit_libraries"
-        + ("" if subject.name == "flux" else f" --model {subject.name}")
+        + subject.option
         + "`)",
         "",
-        f"{subject.title[0].upper()}{subject.title[1:]} ({weights}), {meta['steps']} flow-matching Euler "
+        f"{subject.heading} ({weights}), {meta['steps']} flow-matching Euler "
         f"steps, CFG {CFG:g}. cache-dit {meta['versions']['cache-dit']} and diffusers {meta['versions']['diffusers']} "
         f"through their own APIs, {subject.unit} by {subject.unit}; {len(results['sweep'])} settings swept on {meta['sweep_seeds']} seeds, "
         f"each library's frontier of that sweep and ours (linear, uniform, N = {', '.join(m.name.removeprefix('ours-N') for m in OURS)}) on {meta['seeds']} seeds; "
@@ -264,14 +264,13 @@ def main(argv: list[str] | None = None) -> None:
         }
         if args.progress is not None:
             args.progress.unlink(missing_ok=True)  # the run is whole: nothing left to continue
-        if subject.name != "flux":
-            meta["model"] = subject.name
+        meta = subject.stamped(meta)
         if weights is not None:
             meta["weights"] = weights
         return results, meta
 
     parser = command(__doc__, quick="", threads=1)
-    parser.add_argument("--model", choices=sorted(SUBJECTS), default="flux", help="the trained DiT (default: flux)")
+    add_model_option(parser)
     parser.add_argument("--weights", type=Path, help="another weights file of the model's architecture")
     parser.add_argument("--ours-again", action="store_true", help="measure ours again, keep the libraries' runs")
     parser.add_argument("--progress", type=Path, help="keep each finished run here and continue from it if it exists")

@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.lab import dit
 from benchmarks.lab.results import Section, command, run_command
-from benchmarks.lab.subjects import SUBJECTS, Subject
+from benchmarks.lab.subjects import SUBJECTS, Subject, add_model_option, of_run
 from benchmarks.lab.trained.metrics import Estimate, bootstrap, psnr_ssim
 from tome_core.caching.schedule import too_short
 
@@ -69,14 +69,13 @@ def loses(row: dict) -> bool:
 
 
 def section(data_: dict, meta: dict) -> str:
-    subject = SUBJECTS[meta.get("model", "flux")]
+    subject = of_run(meta)
     _, begin, end = subject.markers(COMMAND)
-    on = "" if subject.name == "flux" else f" --model {subject.name}"
     lines = [
         begin,
-        f"## The step cache at few steps (`python -m benchmarks.quality.dit_steps{on}`)",
+        f"## The step cache at few steps (`python -m benchmarks.quality.dit_steps{subject.option}`)",
         "",
-        f"{subject.title[0].upper()}{subject.title[1:]}, {meta['seeds']} seeds, flow-matching Euler on {subject.schedule}, CFG "
+        f"{subject.heading}, {meta['seeds']} seeds, flow-matching Euler on {subject.schedule}, CFG "
         f"{dit.CFG:g}; {meta['seconds'] / 60:.0f} min (1 torch thread). At each step count, PSNR (dB, mean "
         "[bootstrap 95 %]) against plain with that many steps: our cache (`auto`: linear forecast, uniform schedule) "
         "at N, and plain run with only the cached pass's full steps (about the same cost); the cache's gain over "
@@ -112,10 +111,10 @@ def main(argv: list[str] | None = None) -> None:
         model = subject.random() if args.quick else subject.load()
         results = run(seeds, counts, model, print, subject)
         meta = {"seeds": seeds, "seconds": round(time.perf_counter() - start, 1)}
-        return results, meta if subject.name == "flux" else {**meta, "model": subject.name}
+        return results, subject.stamped(meta)
 
     parser = command(__doc__, quick="", threads=1)
-    parser.add_argument("--model", choices=sorted(SUBJECTS), default="flux", help="the trained DiT (default: flux)")
+    add_model_option(parser)
     run_command(parser, lambda args: Section(*SUBJECTS[args.model].markers(COMMAND), section), argv, measure)
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from benchmarks.lab import dit
 from benchmarks.lab.quantized import fp8_fast
 from benchmarks.lab.results import Section, command, run_command, run_meta
-from benchmarks.lab.subjects import SUBJECTS, Subject
+from benchmarks.lab.subjects import SUBJECTS, Subject, add_model_option, of_run
 from benchmarks.lab.trained.metrics import Estimate, bootstrap, psnr_ssim
 
 COMMAND = "fp8-activations"
@@ -61,14 +61,13 @@ def measure(seeds: int, steps: int, log=print, subject: Subject = SUBJECTS["flux
 
 
 def section(rows: list[dict], meta: dict) -> str:
-    subject = SUBJECTS[meta.get("model", "flux")]
+    subject = of_run(meta)
     _, begin, end = subject.markers(COMMAND)
-    on = "" if subject.name == "flux" else f" --model {subject.name}"
     lines = [
         begin,
-        f"## The cache on activation-quantized fp8 (`python -m benchmarks.quality.fp8_activations{on}`)",
+        f"## The cache on activation-quantized fp8 (`python -m benchmarks.quality.fp8_activations{subject.option}`)",
         "",
-        f"{subject.title[0].upper()}{subject.title[1:]} (`{subject.card}`), {meta['seeds']} seeds, "
+        f"{subject.heading} (`{subject.card}`), {meta['seeds']} seeds, "
         f"{meta['steps']} flow-matching Euler steps, CFG {dit.CFG:g}; torch {meta['torch']}, run finished "
         f"{meta['finished']}. fp8_e4m3fn_fast as ComfyUI runs it: weights and each linear layer's input in "
         "float8_e4m3fn (`benchmarks/lab/quantized.py`). PSNR against the same weights' plain sample (mean [bootstrap "
@@ -88,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = command(__doc__, quick="2 seeds, 8 steps, print only", threads=1)
     parser.add_argument("--seeds", type=int, default=64)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--model", choices=sorted(SUBJECTS), default="flux", help="the trained DiT (default: flux)")
+    add_model_option(parser)
 
     def run(args) -> tuple[list[dict], dict]:
         subject = SUBJECTS[args.model]
@@ -96,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         start = time.perf_counter()
         rows = measure(seeds, steps, print, subject)
         meta = {**run_meta(args, 1, time.perf_counter() - start), "seeds": seeds, "steps": steps}
-        return rows, meta if subject.name == "flux" else {**meta, "model": subject.name}
+        return rows, subject.stamped(meta)
 
     run_command(parser, lambda args: Section(*SUBJECTS[args.model].markers(COMMAND), section), argv, run)
 
