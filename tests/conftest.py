@@ -132,6 +132,7 @@ LAB_MODULES = {
     "test_comfy_benchmark",
     "test_comfy_builtin",
     "test_dit_anchors",
+    "test_dit_correction",
     "test_dit_costs",
     "test_dit_fidelity",
     "test_dit_libraries",

@@ -313,17 +313,28 @@ def sample(
     steps: int,
     mode: Mode | None = None,
     short_passes: bool = False,
+    correction=None,
 ):
     """One sampling run (``mode`` applied to the transformer for it, removed after): the samples and the pass's steps
     (full, cached). ``short_passes``: the cache caches a pass too short for a forecast as well, instead of standing
-    aside (:func:`tome_core.caching.schedule.too_short`; to measure what it would do)."""
+    aside (:func:`tome_core.caching.schedule.too_short`; to measure what it would do). ``correction``: a
+    :class:`benchmarks.lab.correction.DeferredCorrection` of the cached pass (with a mode, in place of its study)."""
     patch = None if mode is None else tome_core.apply_settings(model.transformer, mode.settings())
     if patch is not None and patch.cache is not None:
         patch.cache.short_passes = short_passes
     study = None if mode is None or mode.study is None else getattr(forecasters, mode.study)
     try:
         progress = None if patch is None else (lambda i, n: patch.set_progress(i / n, n))
-        with forecasters.swapped(study):
+        studied = forecasters.swapped(study)
+        if correction is not None and patch is not None and patch.cache is not None:
+            cache, schedule = patch.cache, model.schedule(steps, noise)
+            studied = correction.attached(model.transformer, schedule, lambda: cache.cached_now)
+
+            def progress(i: int, n: int) -> None:
+                patch.set_progress(i / n, n)
+                correction.step = i
+
+        with studied:
             out = guided_euler(model, noise, labels, steps, progress)
         passes = patch.report().cache.passes if patch is not None else ()
     finally:

@@ -400,3 +400,10 @@ def settings(steps: int, transformer: str = "FluxTransformer2DModel") -> list[Se
             unconditional_batch_timestep_skip_range=((-1, 641), (-1, 901)),
         )
     return list({s.name: s for s in out}.values())  # (few steps make some masks alike)
+
+
+def best_at(final: dict, library: str, target: float) -> dict | None:
+    """Of a run's ``final`` entries (each with ``library``, ``psnr`` and ``speed``), ``library``'s best PSNR at
+    ``target``× or faster; None if it has none there."""
+    runs = [r for r in final.values() if r["library"] == library and r["speed"] >= target]
+    return max(runs, key=lambda r: r["psnr"], default=None)

@@ -164,11 +164,6 @@ def ours_again(
     return {**results, "final": final}, meta
 
 
-def best_at(final: dict, library: str, target: float) -> dict | None:
-    runs = [r for r in final.values() if r["library"] == library and r["speed"] >= target]
-    return max(runs, key=lambda r: r["psnr"], default=None)
-
-
 def section(results: dict, meta: dict) -> str:
     subject = of_run(meta)
     _, begin, end = subject.markers("dit-libraries")
@@ -196,8 +191,8 @@ def section(results: dict, meta: dict) -> str:
         return "—" if run is None else f"{run['psnr']:.1f} dB at {run['speed']:.2f}× (`{run['name']}`)"
 
     for target in TARGETS:
-        ours = best_at(final, "ours", target)
-        libs = [best_at(final, lib, target) for lib in ("cache-dit", "diffusers")]
+        ours = L.best_at(final, "ours", target)
+        libs = [L.best_at(final, lib, target) for lib in ("cache-dit", "diffusers")]
         best = max((r for r in libs if r is not None), key=lambda r: r["psnr"], default=None)
         if ours is not None and best is not None:
             diff = bootstrap(np.array(ours["psnr_per_seed"]) - np.array(best["psnr_per_seed"])).cell(".1f")
