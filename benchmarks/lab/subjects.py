@@ -15,7 +15,7 @@ import torch
 
 from benchmarks.lab.dit import BlockCosts, Trained
 from benchmarks.lab.fidelity import labels_for, noise_for
-from benchmarks.lab.results import load_run_data
+from benchmarks.lab.results import Section, load_run_data
 from benchmarks.lab.trained import data, flux, loading, wan
 from benchmarks.lab.wan21 import ChainCosts
 
@@ -132,3 +132,8 @@ def of_run(meta: dict) -> Subject:
 def add_model_option(parser: argparse.ArgumentParser) -> None:
     """A DiT command's ``--model``: which trained subject it measures."""
     parser.add_argument("--model", choices=sorted(SUBJECTS), default="flux", help="the trained DiT (default: flux)")
+
+
+def section_of(command: str, render: Callable[[object, dict], str]) -> Callable[[argparse.Namespace], Section]:
+    """A DiT command's section (``render``) on the subject its ``--model`` names (for :func:`run_command`)."""
+    return lambda args: Section(*SUBJECTS[args.model].markers(command), render)

@@ -26,8 +26,8 @@ import torch
 from benchmarks.lab import libraries as L
 from benchmarks.lab.correction import DeferredCorrection
 from benchmarks.lab.dit import CFG, SEEDS, STEPS, Mode, sample
-from benchmarks.lab.results import Section, command, load_run_data, run_command
-from benchmarks.lab.subjects import SUBJECTS, Subject, add_model_option, of_run
+from benchmarks.lab.results import command, load_run_data, run_command
+from benchmarks.lab.subjects import SUBJECTS, Subject, add_model_option, of_run, section_of
 from benchmarks.lab.trained.metrics import Estimate, bootstrap, psnr_ssim
 
 COMMAND = "dit-correction"
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = command(__doc__, quick="2 seeds, 8 steps, untrained weights: print only", threads=1)
     add_model_option(parser)
-    run_command(parser, lambda args: Section(*SUBJECTS[args.model].markers(COMMAND), section), argv, measure)
+    run_command(parser, section_of(COMMAND, section), argv, measure)
 
 
 if __name__ == "__main__":

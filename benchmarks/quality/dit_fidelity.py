@@ -29,8 +29,8 @@ import torch
 
 from benchmarks.lab import dit_anchors as A
 from benchmarks.lab.dit import CFG, SEEDS, STEPS, Mode, accuracy, guided_euler, sample
-from benchmarks.lab.results import Section, command, run_command
-from benchmarks.lab.subjects import SUBJECTS, Subject, add_model_option, of_run
+from benchmarks.lab.results import command, run_command
+from benchmarks.lab.subjects import SUBJECTS, Subject, add_model_option, of_run, section_of
 from benchmarks.lab.trained import flux
 from benchmarks.lab.trained.metrics import Estimate, bootstrap, psnr_ssim
 
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = command(__doc__, quick="", threads=1)
     add_model_option(parser)
-    run_command(parser, lambda args: Section(*SUBJECTS[args.model].markers(COMMAND), section), argv, measure)
+    run_command(parser, section_of(COMMAND, section), argv, measure)
 
 
 if __name__ == "__main__":

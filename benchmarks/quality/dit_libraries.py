@@ -31,8 +31,8 @@ import torch
 
 from benchmarks.lab import libraries as L
 from benchmarks.lab.dit import CFG, SEEDS, STEPS, BlockCosts, Mode, guided_euler, sample
-from benchmarks.lab.results import Progress, Section, command, load_run_data, run_command
-from benchmarks.lab.subjects import SUBJECTS, Subject, add_model_option, of_run
+from benchmarks.lab.results import Progress, command, load_run_data, run_command
+from benchmarks.lab.subjects import SUBJECTS, Subject, add_model_option, of_run, section_of
 from benchmarks.lab.trained.metrics import bootstrap, psnr_ssim
 
 SWEEP_SEEDS = 8
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--weights", type=Path, help="another weights file of the model's architecture")
     parser.add_argument("--ours-again", action="store_true", help="measure ours again, keep the libraries' runs")
     parser.add_argument("--progress", type=Path, help="keep each finished run here and continue from it if it exists")
-    run_command(parser, lambda args: Section(*SUBJECTS[args.model].markers("dit-libraries"), section), argv, measure)
+    run_command(parser, section_of("dit-libraries", section), argv, measure)
 
 
 if __name__ == "__main__":

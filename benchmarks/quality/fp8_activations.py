@@ -21,8 +21,8 @@ import numpy as np
 
 from benchmarks.lab import dit
 from benchmarks.lab.quantized import fp8_fast
-from benchmarks.lab.results import Section, command, run_command, run_meta
-from benchmarks.lab.subjects import SUBJECTS, Subject, add_model_option, of_run
+from benchmarks.lab.results import command, run_command, run_meta
+from benchmarks.lab.subjects import SUBJECTS, Subject, add_model_option, of_run, section_of
 from benchmarks.lab.trained.metrics import Estimate, bootstrap, psnr_ssim
 
 COMMAND = "fp8-activations"
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         meta = {**run_meta(args, 1, time.perf_counter() - start), "seeds": seeds, "steps": steps}
         return rows, subject.stamped(meta)
 
-    run_command(parser, lambda args: Section(*SUBJECTS[args.model].markers(COMMAND), section), argv, run)
+    run_command(parser, section_of(COMMAND, section), argv, run)
 
 
 if __name__ == "__main__":
