@@ -88,26 +88,22 @@ def test_the_correction_moves_x_as_the_cached_step_rerun_with_the_interpolated_r
         cond, uncond = both.chunk(2)
         return uncond + dit.CFG * (cond - uncond)
 
-    patch = tome_core.apply_settings(model.transformer, mode.settings())
-    patch.cache.short_passes = True
-    try:
-        with forecasters.swapped(Given):
-            patch.set_progress(0.0, 4)
-            guided(seen[0], sigmas[0])
-            patch.set_progress(0.25, 4)
-            rerun = guided(x1, sigmas[1])
-            assert patch.cache.cached_now
-    finally:
-        tome_core.remove_patch(model.transformer)
-    patch = tome_core.apply_settings(model.transformer, mode.settings())
-    patch.cache.short_passes = True
-    try:
-        patch.set_progress(0.0, 4)
-        guided(seen[0], sigmas[0])
-        patch.set_progress(0.25, 4)
-        forecast = guided(x1, sigmas[1])
-    finally:
-        tome_core.remove_patch(model.transformer)
+    def cached_step_one(forecast: type[Forecast] | None) -> torch.Tensor:
+        """Steps 0 (full) and 1 (cached) of the pass again, the cache's forecast ``forecast`` (None: its own)."""
+        patch = tome_core.apply_settings(model.transformer, mode.settings())
+        patch.cache.short_passes = True
+        try:
+            with forecasters.swapped(forecast):
+                patch.set_progress(0.0, 4)
+                guided(seen[0], sigmas[0])
+                patch.set_progress(0.25, 4)
+                out = guided(x1, sigmas[1])
+                assert patch.cache.cached_now
+        finally:
+            tome_core.remove_patch(model.transformer)
+        return out
+
+    rerun, forecast = cached_step_one(Given), cached_step_one(None)
     expected = x3 + (sigmas[2] - sigmas[1]) * (rerun - forecast)
     torch.testing.assert_close(seen[3], expected, rtol=1e-4, atol=1e-5)
     assert (seen[3] - x3).abs().max() > 1e-4  # and it did move x

@@ -101,7 +101,10 @@ class DeferredCorrection:
 
         def corrected(module, args, out: torch.Tensor) -> torch.Tensor | None:
             if cached_now():
-                self._cached.append(_Cached(self.step, self._seen["entering"], *self._pop()))
+                seen = self._seen
+                self._cached.append(
+                    _Cached(self.step, seen["entering"], seen.pop("time_embedding"), seen.pop("forecast"))
+                )
                 return None
             cached, self._cached = self._cached, []
             if not cached or len(self._fulls) < 2 or self.gain == 0:
@@ -129,6 +132,3 @@ class DeferredCorrection:
         finally:
             for hook in hooks:
                 hook.remove()
-
-    def _pop(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._seen.pop("time_embedding"), self._seen.pop("forecast")

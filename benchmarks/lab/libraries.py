@@ -402,8 +402,18 @@ def settings(steps: int, transformer: str = "FluxTransformer2DModel") -> list[Se
     return list({s.name: s for s in out}.values())  # (few steps make some masks alike)
 
 
+LIBRARIES = ("cache-dit", "diffusers")
+"""The real libraries a ``dit_libraries`` run sweeps."""
+
+
 def best_at(final: dict, library: str, target: float) -> dict | None:
     """Of a run's ``final`` entries (each with ``library``, ``psnr`` and ``speed``), ``library``'s best PSNR at
     ``target``× or faster; None if it has none there."""
     runs = [r for r in final.values() if r["library"] == library and r["speed"] >= target]
+    return max(runs, key=lambda r: r["psnr"], default=None)
+
+
+def best_library_at(final: dict, target: float) -> dict | None:
+    """The best of :data:`LIBRARIES`' :func:`best_at` ``target``; None if none has a run there."""
+    runs = [r for r in (best_at(final, library, target) for library in LIBRARIES) if r is not None]
     return max(runs, key=lambda r: r["psnr"], default=None)

@@ -73,8 +73,7 @@ def against_libraries(results: dict, subject: Subject, seeds: int) -> list[dict]
             for v in VARIANTS
         ]
         best = max(ours, key=lambda r: sum(r["psnr_per_seed"]), default=None)
-        found = [L.best_at(libraries["final"], lib, target) for lib in ("cache-dit", "diffusers")]
-        library = max((r for r in found if r is not None), key=lambda r: r["psnr"], default=None)
+        library = L.best_library_at(libraries["final"], target)
         if best is None or library is None:
             continue
         ahead = torch.tensor(best["psnr_per_seed"]) - torch.tensor(library["psnr_per_seed"])

@@ -122,7 +122,7 @@ def run(
         if k % 25 == 24:
             log(f"sweep {k + 1}/{len(settings)}: {time.perf_counter() - start:.0f} s")
     final = {}
-    for library in ("cache-dit", "diffusers"):
+    for library in L.LIBRARIES:
         for point in frontier([p for p in sweep if p["library"] == library]):
             setting = by_name[point["name"]]
             final[setting.name] = progress.get(f"final/{setting.name}") or progress.put(
@@ -192,8 +192,8 @@ def section(results: dict, meta: dict) -> str:
 
     for target in TARGETS:
         ours = L.best_at(final, "ours", target)
-        libs = [L.best_at(final, lib, target) for lib in ("cache-dit", "diffusers")]
-        best = max((r for r in libs if r is not None), key=lambda r: r["psnr"], default=None)
+        libs = [L.best_at(final, lib, target) for lib in L.LIBRARIES]
+        best = L.best_library_at(final, target)
         if ours is not None and best is not None:
             diff = bootstrap(np.array(ours["psnr_per_seed"]) - np.array(best["psnr_per_seed"])).cell(".1f")
         else:
