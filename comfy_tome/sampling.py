@@ -165,6 +165,8 @@ def _sampler_sample(executor: Any, guider: Any, sigmas: Any, extra_args: dict, c
     except SettingsError as error:  # a setting this model rejects (the nodes checked what they could)
         log.error(f"{R.ERROR_KEY}: {error}")
         raise
+    if settings.caches and settings.cache_correction > 0:
+        sampling.patches[0].set_euler(*euler_schedule(executor, model, sigmas))
     _LIVE[id(model)] = sampling
     try:
         with compile_limit(extra_args["model_options"], settings):
@@ -183,6 +185,34 @@ def _sampler_sample(executor: Any, guider: Any, sigmas: Any, extra_args: dict, c
             info[R.CACHE_SPEED_KEY] = run.cache_speed_text
         _say(run, info)
         _show(request.cache_node, run)
+
+
+def euler_schedule(executor: Any, model: Any, sigmas: Any) -> tuple[list[float] | None, str | None]:
+    """What ``cache_correction`` needs of this sampling (:meth:`tome_core.Session.set_euler`): the sigmas where the
+    sampler (``executor.class_obj``, a ``KSAMPLER``) is ComfyUI's first-order Euler (``sample_euler``, without
+    ``s_churn``) and the model's output is the step's direction (``denoised = x − σ·out``: flow-matching and epsilon
+    models, not v-prediction nor EDM), else None and why not."""
+    sampler = getattr(executor, "class_obj", None)
+    function = getattr(sampler, "sampler_function", None)
+    name = str(getattr(function, "__name__", type(sampler).__name__)).removeprefix("sample_")
+    if name != "euler" or float((getattr(sampler, "extra_options", None) or {}).get("s_churn", 0.0)) > 0:
+        return None, f"the sampler is {name}; the correction is exact under euler only"
+    if not output_is_direction(getattr(model, "model_sampling", None)):
+        return None, "this model's output is not euler's direction (v-prediction or EDM)"
+    return [float(s) for s in sigmas], None
+
+
+def output_is_direction(model_sampling: Any) -> bool:
+    """Whether ``model_sampling`` makes the denoised image ``x − σ·out`` (ComfyUI's ``CONST`` and ``EPS``), so that
+    Euler's direction ``(x − denoised) / σ`` is the model's output itself: asked of its own ``calculate_denoised``."""
+    try:
+        sigma = torch.tensor([0.5])
+        ones, zeros = torch.ones(1, 1, 1, 1), torch.zeros(1, 1, 1, 1)
+        scale = model_sampling.calculate_denoised(sigma, ones, zeros)  # −σ where the output is the direction
+        skip = model_sampling.calculate_denoised(sigma, zeros, ones)  # x itself
+        return bool(torch.allclose(scale, -sigma.view(1, 1, 1, 1)) and torch.allclose(skip, ones))
+    except Exception:  # another schedule's interface: not known to be one
+        return False
 
 
 COMPILED_RECOMPILE_LIMIT = 64

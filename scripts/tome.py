@@ -55,7 +55,7 @@ ADVANCED: tuple[tuple[str, ...], ...] = (
     ("cache_interval", "hires_cache_interval"),
     ("cache_start", "cache_end", "cache_branch"),
     ("cache_forecast", "cache_schedule", "cache_threshold"),
-    ("cache_device",),
+    ("cache_device", "cache_correction"),
 )
 """Rows of the closed "Advanced" accordion inside: every other setting."""
 LAYOUT = FIRST_VIEW + ADVANCED

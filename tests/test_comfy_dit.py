@@ -13,6 +13,7 @@ import torch
 from test_cache_hosts import untouched
 
 import tome_core
+from comfy_tome.sampling import output_is_direction
 from tome_core import run as R
 from tome_core import settings as S
 from tome_core.families import layout_for
@@ -36,12 +37,15 @@ def sample(patches=(), **kwargs) -> torch.Tensor:
     return ch.samples(ch.run(ch.txt2img("flux1", patches, **{**SIZE, **kwargs})))
 
 
-def direct(settings: dict, steps: int = 6) -> torch.Tensor:
-    """The plain prompt with ``tome_core`` applied to the model by hand, the progress reported per call."""
+def direct(settings: dict, steps: int = 6, euler: bool = False) -> torch.Tensor:
+    """The plain prompt with ``tome_core`` applied to the model by hand, the progress reported per call (``euler``:
+    and the sampler's sigmas, from the call's ``transformer_options``, as an Euler schedule)."""
     module, calls = model(), []
 
     def report(m, args, kw):
         tome_core.get_patch(m).set_progress(len(calls) / steps, steps)
+        if euler and not calls:
+            tome_core.get_patch(m).set_euler(kw["transformer_options"]["sample_sigmas"].tolist())
         calls.append(None)
 
     handle = module.register_forward_pre_hook(report, with_kwargs=True)
@@ -99,6 +103,37 @@ def test_a_cache_branch_the_model_lacks_is_named_and_the_next_prompt_is_plain():
     message = failed.value.exception_message
     assert "'cache_branch' = 2" in message and "0 to 1 for this model" in message
     assert untouched(model()) and torch.equal(sample(), plain)
+
+
+def test_the_cache_correction_under_euler_is_the_cores_and_under_another_sampler_it_stands_aside(console):
+    """``cache_correction`` (issue 36): under KSampler's euler the node's pass is the core's given the sampler's
+    sigmas; under heun (two model calls a step) it stays off, says so, and the pass is the uncorrected one."""
+    cache, corrected = {"cache_interval": 2, "cache_forecast": "linear", "cache_schedule": "uniform"}, 0.5
+    uncorrected = sample([("ToMeStepCache", cache)])
+    with_correction = sample([("ToMeStepCache", {**cache, "cache_correction": corrected})])
+    assert not any("cache correction off" in line for line in console())
+    assert "ToMe cache correction: 0.5" in console()[-1]  # the settings line, as the WebUI's infotext
+    assert not torch.equal(with_correction, uncorrected)
+    by_hand = direct({"ratio": 0.0, "cache": True, **cache, "cache_correction": corrected}, euler=True)
+    assert torch.equal(with_correction, by_hand)
+    heun = sample([("ToMeStepCache", {**cache, "cache_correction": corrected})], sampler="heun")
+    assert "cache correction off: the sampler is heun; the correction is exact under euler only" in console()[-1]
+    assert torch.equal(heun, sample([("ToMeStepCache", cache)], sampler="heun"))
+    assert untouched(model())
+
+
+class _VPrediction:
+    """A v-prediction schedule's ``calculate_denoised`` (ComfyUI's ``V_PREDICTION``, sigma_data 1)."""
+
+    def calculate_denoised(self, sigma, model_output, model_input):
+        sigma = sigma.view(sigma.shape[:1] + (1,) * (model_output.ndim - 1))
+        return model_input / (sigma**2 + 1) - model_output * sigma / (sigma**2 + 1) ** 0.5
+
+
+def test_the_correction_knows_which_schedules_make_the_models_output_eulers_direction():
+    assert output_is_direction(ch.base_model("flux1").model_sampling)  # flow matching (CONST)
+    assert output_is_direction(ch.base_model("sd15").model_sampling)  # epsilon (EPS)
+    assert not output_is_direction(_VPrediction()) and not output_is_direction(None)
 
 
 def wan(patches=(), **kwargs) -> torch.Tensor:

@@ -141,3 +141,18 @@ def test_the_run_and_its_section():
     )
     assert text.startswith("<!-- dit-correction-wan:begin -->") and "dit_correction --model wan" in text
     assert "| 2 | 4 / 2 |" in text and "| 2× | 44.0 dB at 2.38× (N=3, order 2, gain 0.5) |" in text
+
+
+@pytest.mark.parametrize("interval", [2, 3])
+def test_the_caches_own_correction_is_this_studys_order_2(interval):
+    """``cache_correction`` (the product's, :mod:`tome_core.caching.correction`) gives this study's order 2 on the
+    FLUX layout, to float rounding: the study's figures are the setting's."""
+    subject = SUBJECTS["flux"]
+    model = subject.random()
+    noise, labels = subject.noise(range(2)), subject.labels(range(2))
+    mode = dit.Mode("n", "linear", "uniform", interval)
+    ours, _ = dit.sample(model, noise, labels, 10, mode)
+    study, _ = dit.sample(model, noise, labels, 10, mode, correction=DeferredCorrection(order=2, gain=0.5))
+    setting, _ = dit.sample(model, noise, labels, 10, dit.Mode("n", "linear", "uniform", interval, correction=0.5))
+    assert (study - ours).abs().max() > 1e-3
+    torch.testing.assert_close(setting, study, rtol=0, atol=1e-5)

@@ -341,6 +341,7 @@ def test_xyz_axis_labels_never_change():
         "[ToMe] Cache schedule",
         "[ToMe] Cache threshold",
         "[ToMe] Cache device",
+        "[ToMe] Cache correction",
     ]
 
 

@@ -20,6 +20,7 @@ and places every call of the model in the sampling for both.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -108,6 +109,14 @@ class Session:
         A sampling pass reports its steps in order; a smaller value starts a new pass (hires fix, the
         next generation), which also drops the plans kept for reuse."""
         self.clock.set_progress(fraction, steps)
+
+    def set_euler(self, sigmas: Sequence[float] | None, why_not: str | None = None) -> None:
+        """Say the sampler of the passes to come: the first-order Euler sampler on ``sigmas`` (the pass's schedule,
+        its end included; with ``cache_correction`` the step cache then corrects its cached steps,
+        :mod:`tome_core.caching.correction`), or None: another sampler (``why_not``: which, for the note that the
+        correction is off). The host reports each step's progress as well (:meth:`set_progress`)."""
+        if self.cache is not None:
+            self.cache.set_euler(None if sigmas is None else list(sigmas), why_not)
 
     # --- installing ---------------------------------------------------------------------------------
     def _install(self) -> None:

@@ -355,6 +355,16 @@ class ToMeSettings:
         choices=CACHE_DEVICE_CHOICES,
         hint="Where the cache keeps what it carries between steps (the skipped blocks' result and its change: two per stream, about 0.8 GB each for Wan 14B at 720p x 81 frames). model (the default): on the model's device. cpu: in CPU memory, copied back (non-blocking) as each cached step begins; the same image, less GPU memory, a copy per cached step.",
     )
+    cache_correction: float = _spec(
+        0.0,
+        kind="float",
+        label="Cache correction",
+        infotext="ToMe cache correction",
+        minimum=0.0,
+        maximum=1.0,
+        step=0.05,
+        hint="Diffusion transformers under ComfyUI's euler sampler: at each full step the cached steps since the last one are re-estimated from the full steps around them, and the full step's output carries this much of the difference (0.5: more faithful at every cache interval measured, FLUX and Wan layouts; 0, the default: off). Exact for the first-order Euler sampler only: under any other, or where the host does not give its schedule, it stays off with a ToMe note.",
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

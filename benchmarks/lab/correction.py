@@ -17,7 +17,9 @@ forecast is untouched: with ``gain`` 0 the pass is the cache's, bit for bit.
 
 It rests on the sampler: exact for first-order Euler only (a multistep sampler reuses the corrected output in later
 steps), and it needs the next step's time (``σ'``), which a model does not see. Hence a study here, on the lab's
-Euler sampler, with the step index and schedule handed in by the sampling loop.
+Euler sampler, with the step index and schedule handed in by the sampling loop. The cache's own ``cache_correction``
+(:mod:`tome_core.caching.correction`) is this study's order 2 on the families whose output layer is one module (not
+diffusers' Wan, whose modulation this study re-creates): the tests hold them equal on the FLUX layout.
 """
 
 from __future__ import annotations
@@ -30,20 +32,15 @@ import torch
 import torch.nn.functional as F
 
 import benchmarks.lab.forecasters as forecasters
+from tome_core.caching import correction as cache_correction
 from tome_core.caching.forecast import Forecast
 
 
 def interpolate(fulls: list[tuple[float, torch.Tensor]], sigma: float, order: int) -> torch.Tensor:
     """The residual at ``sigma`` between the last two of ``fulls`` (``(σ, residual)`` of the last full steps, oldest
-    first): on their line (``order`` 1, or fewer than three known), else on the parabola through the last three."""
-    (s2, r2), (s3, r3) = fulls[-2:]
-    if order == 1 or len(fulls) < 3:
-        return r2 + (sigma - s2) / (s3 - s2) * (r3 - r2)
-    s1, r1 = fulls[-3]
-    w1 = (sigma - s2) * (sigma - s3) / ((s1 - s2) * (s1 - s3))
-    w2 = (sigma - s1) * (sigma - s3) / ((s2 - s1) * (s2 - s3))
-    w3 = (sigma - s1) * (sigma - s2) / ((s3 - s1) * (s3 - s2))
-    return w1 * r1 + w2 * r2 + w3 * r3
+    first): on their line (``order`` 1), else as the cache's own correction interpolates
+    (:func:`tome_core.caching.correction.interpolate`: the parabola through the last three)."""
+    return cache_correction.interpolate(fulls[-2:] if order == 1 else fulls, sigma)
 
 
 @dataclass

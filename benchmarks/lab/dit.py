@@ -276,6 +276,8 @@ class Mode:
     start: float = 0.0
     study: str | None = None
     """A forecast of :mod:`benchmarks.lab.forecasters` (its class name) in place of the cache's own, or None."""
+    correction: float = 0.0
+    """The cache's ``cache_correction`` (the lab's sampler is Euler, which it needs)."""
 
     def settings(self) -> ToMeSettings:
         return ToMeSettings(
@@ -285,6 +287,7 @@ class Mode:
             cache_forecast=self.forecast,
             cache_schedule=self.schedule,
             cache_start=self.start,
+            cache_correction=self.correction,
         )
 
 
@@ -322,6 +325,7 @@ def sample(
     patch = None if mode is None else tome_core.apply_settings(model.transformer, mode.settings())
     if patch is not None and patch.cache is not None:
         patch.cache.short_passes = short_passes
+        patch.set_euler(model.schedule(steps, noise))
     study = None if mode is None or mode.study is None else getattr(forecasters, mode.study)
     try:
         progress = None if patch is None else (lambda i, n: patch.set_progress(i / n, n))

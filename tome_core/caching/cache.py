@@ -20,9 +20,12 @@ are full, and so is any step outside ``cache_start <= progress < cache_end``; in
 N, 2N, …), or N average steps of sampler time (the time schedule), or, with the adaptive schedule, the call's input
 strays from its forecast by more than ``cache_threshold``. A cached step takes the skipped range's result of the
 stream's last full step (``cache_forecast`` off: DeepCache exactly) or its forecast in the sampler's time from the
-last two full steps (linear, or calibrated on the probe). Streams: the calls of a step are told apart
-by their number within the step (under ComfyUI's context windows, also by the frames the call covers) and Forge's
-``cond_or_uncond`` chunk (cond and uncond batched, or separate calls, or extra guidance passes), and each keeps its own
+last two full steps (linear, or calibrated on the probe); with ``cache_correction``, under the Euler sampler whose
+schedule the host gives (:meth:`StepCache.set_euler`), each full step's output also carries what the cached steps
+since the last one should have added, re-estimated from the full steps around them (:mod:`.correction`).
+
+Streams: the calls of a step are told apart by their number within the step (under ComfyUI's context windows, also
+by the frames the call covers) and Forge's ``cond_or_uncond`` chunk (cond and uncond batched, or separate calls, or extra guidance passes), and each keeps its own
 cache, dropped when its batch or latent size changes; a call that runs the blocks more than once (Mikubill's
 ControlNet runs reference-only's reference pass before the main one) keeps one per pass through them. A new sampling
 pass (hires fix, img2img) starts with none. :meth:`StepCache.report` counts, per sampling pass, the steps run in full
@@ -47,6 +50,7 @@ from ..families import Layout, PassState
 from ..report import CacheReport, PassCount
 from ..settings import ToMeSettings
 from ..steps import Call
+from .correction import Correction
 from .forecast import Forecast
 from .forwards import Replaced, replace_forward, restore_forwards, skippable
 from .schedule import Schedule, too_short
@@ -66,6 +70,7 @@ class _Stream:
     schedule: Schedule
     passes: list[PassState] = field(default_factory=list)
     forecasts: list[Forecast] = field(default_factory=list)
+    corrections: list[Correction] = field(default_factory=list)  # per pass, with ``cache_correction``
 
 
 @dataclass
@@ -84,6 +89,12 @@ class CacheCall:
     def time(self) -> Any:
         """The call's sampler time (never read back)."""
         return None if self.call is None else self.call.time
+
+
+CORRECTION_FAMILY_NOTE = (
+    "cache correction off: it acts on diffusion transformers whose output layer runs as one module (not UNets, not "
+    "diffusers' Wan)"
+)
 
 
 TWO_TIMES_NOTE = "cache schedule uniform: the sampler calls the UNet at two times a step"
@@ -126,8 +137,13 @@ class StepCache:
         self._timed = self.settings.cache_schedule == "time"
         self._store = torch.device("cpu") if self.settings.cache_device == "cpu" else None  # where forecasts keep
         self._two_times = False  # this pass's steps call the UNet at two times (the time schedule stands down)
+        self._correcting = self.settings.cache_correction > 0 and self.layout is not None and self.layout.corrects
+        self._sigmas: list[float] | None = None  # the Euler sampler's schedule (:meth:`set_euler`)
+        self._no_euler = "the host gives no Euler sampler's schedule (ComfyUI's euler sampler only, for now)"
         if self.layout is None:
             self._notes.append("step cache off: the cache does not know this model's blocks")
+        elif self.settings.cache_correction > 0 and not self.layout.corrects:
+            self._notes.append(CORRECTION_FAMILY_NOTE)
 
     @property
     def usable(self) -> bool:
@@ -146,6 +162,10 @@ class StepCache:
             self._handles.append(
                 self.layout.entry.register_forward_pre_hook(python_only_hook(self._entry_pre), with_kwargs=True)
             )
+            if self._correcting:
+                self._handles.append(
+                    self.layout.entry.register_forward_hook(python_only_hook(self._entry_post), with_kwargs=True)
+                )
         except BaseException:
             self.remove()
             raise
@@ -186,6 +206,25 @@ class StepCache:
         if not restore_forwards(self._originals):
             log.warning("ToMe: a UNet block's forward was replaced over the step cache's; left as it is")
 
+    def set_euler(self, sigmas: list[float] | None, why_not: str | None = None) -> None:
+        """The sampler of the passes to come is the first-order Euler sampler on ``sigmas`` (the pass's schedule, its
+        end included), which ``cache_correction`` needs; None: another sampler (``why_not`` says which, in the note
+        that the correction is off)."""
+        self._sigmas = None if sigmas is None else [float(s) for s in sigmas]
+        if why_not is not None:
+            self._no_euler = why_not
+
+    def _euler_step(self, call: Call | None) -> int | None:
+        """The index of ``call``'s step in the Euler schedule, where the correction acts on it; else None (with a
+        note where it would have)."""
+        if not self._correcting or call is None:
+            return None
+        sigmas = self._sigmas
+        if sigmas is None or call.steps is None or call.progress is None or len(sigmas) != call.steps + 1:
+            self._note(f"cache correction off: {self._no_euler}")
+            return None
+        return min(round(call.progress * call.steps), call.steps - 1)
+
     # --- per call ---------------------------------------------------------------------------------------
     def begin(self, call: Call, x: Any = None) -> None:
         """Decide whether the call starting now (on the UNet input ``x``) runs in full or cached (the root's forward
@@ -224,8 +263,14 @@ class StepCache:
             self._cached += 1
             self._count(call, full=False)
             return
-        schedule, forecasts = (stream.schedule, stream.forecasts) if same else (self.make_schedule(self.settings), [])
-        self._streams[key] = stream = _Stream(call.shape, call.batch, call.step, schedule, forecasts=forecasts)
+        schedule, forecasts, corrections = (
+            (stream.schedule, stream.forecasts, stream.corrections)
+            if same
+            else (self.make_schedule(self.settings), [], [])
+        )
+        self._streams[key] = stream = _Stream(
+            call.shape, call.batch, call.step, schedule, forecasts=forecasts, corrections=corrections
+        )
         schedule.full(call, x)
         self.now = CacheCall(call, stream)
         self._full += 1
@@ -266,6 +311,8 @@ class StepCache:
             stream.passes.append(now.running)
             while len(stream.forecasts) < len(stream.passes):
                 stream.forecasts.append(Forecast(self.settings.cache_forecast, self._store))
+            while self._correcting and len(stream.corrections) < len(stream.passes):
+                stream.corrections.append(Correction(self.settings.cache_correction))
             now.skipping = False
 
     def _intact(self) -> bool:
@@ -283,12 +330,15 @@ class StepCache:
         if record is None or layout is None:
             return None
         forecast = now.stream.forecasts[now.passes - 1] if now.stream is not None else None
+        correction, step = self._correction(), self._euler_step(now.call)
         if not now.skipping:
             if not now.cached and forecast is not None:
                 found = layout.features(args, kwargs, record)
                 if found is not None:
                     forecast.add(now.time, *found)
                     record.deep = True
+                    if correction is not None and step is not None:
+                        correction.full(self._sigmas[step], found[0])
             return None
         assert forecast is not None  # a skipped pass had a complete full one
         deep = forecast.predict(now.time, layout.probe(args, kwargs, record))
@@ -297,7 +347,23 @@ class StepCache:
         if out is None:
             self._note("step cache: a cached step's features did not fit; that step's image may be off")
             self._warn_once("fit", f"ToMe: cached features {tuple(deep.shape)} do not fit the entry's input")
+        elif correction is not None and step is not None:
+            correction.cached(step, *out, layout.entry_image(*out), deep)
         return out
+
+    def _correction(self) -> Correction | None:
+        """The correction of the pass running now (with ``cache_correction``, on a stream the cache acts on)."""
+        stream, number = self.now.stream, self.now.passes - 1
+        return stream.corrections[number] if stream is not None and 0 <= number < len(stream.corrections) else None
+
+    def _entry_post(self, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> Any:
+        """The output layer of a full pass (with ``cache_correction``): its output carrying the cached steps since the
+        last full one (:meth:`Correction.correct`), or as it is."""
+        correction = self._correction() if not self.now.cached else None
+        if correction is None or not isinstance(out, torch.Tensor):
+            return None
+        step = self._euler_step(self.now.call)
+        return None if step is None else correction.correct(out, step, self._sigmas, self.layout.head)
 
     # --- reporting -------------------------------------------------------------------------------------
     def report(self) -> CacheReport:

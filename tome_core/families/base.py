@@ -91,6 +91,9 @@ class Layout:
     there; the UNets' few-step passes were not)."""
     auto: ClassVar[tuple[str, str]] = ("calibrated", "time")
     """What ``auto`` means on this family: the forecast and the schedule measured best on it (the UNets')."""
+    corrects: ClassVar[bool] = False
+    """Whether the cache's deferred correction (:mod:`tome_core.caching.correction`) acts on this family: a
+    transformer whose entry is its whole output layer, time modulation included, which :meth:`head` runs again."""
 
     @classmethod
     def find(cls, root: nn.Module, branch: int) -> Layout | None:
@@ -136,4 +139,13 @@ class Layout:
     def inject(self, args: tuple, kwargs: dict, state: PassState, deep: torch.Tensor) -> tuple[tuple, dict] | None:
         """At the entry of a cached pass: its arguments with ``deep`` (the forecast contribution) in place; None
         where it does not fit (the entry then runs on what it got)."""
+        raise NotImplementedError
+
+    def entry_image(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        """The image stream in a call of the entry (where :attr:`corrects`)."""
+        raise NotImplementedError
+
+    def head(self, args: tuple, kwargs: dict, x: torch.Tensor) -> torch.Tensor:
+        """The entry's output on a call's arguments with ``x`` as its image stream, run again without any hook (where
+        :attr:`corrects`)."""
         raise NotImplementedError

@@ -82,6 +82,7 @@ class DiffusersWan(ChainLayout):
     names = ("blocks", "norm_out", "condition_embedder")
     stream_arg = "hidden_states"
     entry_arg = "input"  # ``FP32LayerNorm.forward(input)``
+    corrects = False  # its output layer's time modulation runs in the model's forward, after ``norm_out``
 
 
 class ComfyLumina(ChainLayout):

@@ -51,6 +51,7 @@ class ResidualLayout(Layout):
     """The name of the entry's first argument, the image stream."""
 
     transformer = True
+    corrects = True
     auto = ("linear", "uniform")
     """On the trained FLUX-layout model (``benchmarks.quality.dit_fidelity``) the linear forecast on the uniform schedule beat
     the UNets' calibrated forecast on the time schedule at every matched speed (by 1.2–2.2 dB)."""
@@ -112,6 +113,10 @@ class ResidualLayout(Layout):
     def with_entry_image(self, args: tuple, kwargs: dict, x: torch.Tensor) -> tuple[tuple, dict]:
         """The entry's arguments with ``x`` as its image stream."""
         return ((x, *args[1:]), kwargs) if args else (args, {**kwargs, self.entry_arg: x})
+
+    def head(self, args: tuple, kwargs: dict, x: torch.Tensor) -> torch.Tensor:
+        a, k = self.with_entry_image(args, kwargs, x)
+        return unwrap(self.entry).forward(*a, **k)
 
     # --- the Layout --------------------------------------------------------------------------------------------
     def _keep_left(self, args: tuple, kwargs: dict, state: PassState) -> None:

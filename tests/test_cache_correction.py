@@ -1,0 +1,226 @@
+"""``cache_correction`` (issue 36): the step cache's deferred correction under the Euler sampler
+(``tome_core.caching.correction``). On every family it acts on, the corrected pass moves ``x`` exactly as running
+the cached step again with the interpolated residual would have; without gain, or where it cannot act, the pass is
+the cache's bit for bit, and a note says why; the model is left bit-identical."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from bfl_flux_double import Flux
+from chain_doubles import MiniTrainDIT, NextDiT, OpenAISignatureMMDITWrapper, QwenImageTransformer2DModel
+from models import make_unet
+from test_cache_chain import diffusers_wan
+from wan_double import WanModel
+
+import tome_core
+from tome_core.caching import correction as C
+from tome_core.caching.cache import CORRECTION_FAMILY_NOTE
+from tome_core.families import layout_for
+from tome_core.settings import SettingsError, ToMeSettings
+
+SIGMAS = [1.0, 0.85, 0.7, 0.55, 0.4, 0.25, 0.0]  # 6 Euler steps: N=2 runs 0, 2, 4, 5 in full, caches 1 and 3
+B = 2
+
+
+def _noise(*shape: int) -> torch.Tensor:
+    return torch.randn(B, *shape, generator=torch.Generator().manual_seed(1))
+
+
+def _context() -> torch.Tensor:
+    return torch.randn(B, 5, 32, generator=torch.Generator().manual_seed(2))
+
+
+def _comfy(scale: float, *, name: str = "timestep"):
+    """A call of a ComfyUI-layout chain: ``model(x, t, context, transformer_options=)`` with ``t`` = ``scale(σ)``."""
+    return lambda m, x, s: m(x, torch.full((B,), scale(s)), _context(), transformer_options={})
+
+
+def _flux(m, x, s):
+    y = torch.randn(B, 8, generator=torch.Generator().manual_seed(3))
+    return m(x, torch.full((B,), s), context=_context(), y=y, control=None, transformer_options={})
+
+
+def _lumina(m, x, s):
+    return m(x, torch.full((B,), 1 - s), _context(), 5, transformer_options={})
+
+
+FAMILIES = {  # model, its latent, a call at sigma s
+    "bfl-flux": (lambda: Flux(seed=3), (4, 8, 8), _flux),
+    "wan": (lambda: WanModel(seed=5), (4, 3, 8, 8), _comfy(lambda s: 1000 * s)),
+    "lumina": (lambda: NextDiT(seed=5), (4, 8, 8), _lumina),
+    "qwen": (lambda: QwenImageTransformer2DModel(seed=5), (4, 1, 8, 8), _comfy(lambda s: s)),
+    "mmdit": (lambda: OpenAISignatureMMDITWrapper(seed=5), (4, 8, 8), _comfy(lambda s: 1000 * s)),
+    "cosmos": (lambda: MiniTrainDIT(seed=5), (4, 2, 8, 8), _comfy(lambda s: s)),
+}
+
+
+def settings(gain: float) -> ToMeSettings:
+    return ToMeSettings(ratio=0.0, cache=True, cache_interval=2, cache_correction=gain)
+
+
+def euler(model, latent, call, patch=None, last: int | None = None, sigmas=SIGMAS) -> tuple[list, list]:
+    """The Euler sampler over ``sigmas`` (up to step ``last``): every step's input and the model's output."""
+    x, xs, outs = _noise(*latent), [], []
+    steps = len(sigmas) - 1
+    with torch.no_grad():
+        for i in range(steps if last is None else last + 1):
+            if patch is not None:
+                patch.set_progress(i / steps, steps)
+            out = call(model, x, sigmas[i])
+            xs.append(x)
+            outs.append(out)
+            x = x + (sigmas[i + 1] - sigmas[i]) * out
+    xs.append(x)
+    return xs, outs
+
+
+def sampled(model, latent, call, gain: float, euler_given: bool = True, **kw):
+    patch = tome_core.apply_settings(model, settings(gain))
+    if euler_given:
+        patch.set_euler(SIGMAS)
+    try:
+        xs, outs = euler(model, latent, call, patch, **kw)
+        report = patch.report()
+    finally:
+        tome_core.remove_patch(model)
+    return xs, outs, report
+
+
+@pytest.fixture(params=list(FAMILIES), scope="module")
+def family(request):
+    build, latent, call = FAMILIES[request.param]
+    return build().eval().requires_grad_(False), latent, call
+
+
+def test_interpolation_is_exact_on_a_parabola_and_on_the_line_while_two_are_known():
+    r = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+
+    def at(s: float) -> torch.Tensor:
+        return r[0] + s * r[1] + s * s * r[2]
+
+    fulls = [(s, at(s)) for s in (1.0, 0.8, 0.5)]
+    torch.testing.assert_close(C.interpolate(fulls, 0.6), at(0.6))
+    line = [(0.8, r[0] + 0.8 * r[1]), (0.5, r[0] + 0.5 * r[1])]
+    torch.testing.assert_close(C.interpolate(line, 0.7), r[0] + 0.7 * r[1])
+
+
+def test_the_correction_moves_x_as_the_cached_step_rerun_with_the_interpolated_residual_would(family, monkeypatch):
+    """At step 2 the correction re-estimates step 1's residual on the line through steps 0 and 2, so ``x`` entering
+    step 3 differs from the uncorrected pass's by exactly ``(σ2 − σ1)`` times the change in step 1's output when it
+    runs again with that residual in place of its forecast."""
+    model, latent, call = family
+    before = call(model, _noise(*latent), 0.5)
+    plain_xs, plain_outs, report = sampled(model, latent, call, 0.0)
+    assert (report.cache.full, report.cache.cached) == (4, 2) and not report.cache.notes
+
+    fulls, forecasts = [], []
+    monkeypatch.setattr(C.Correction, "full", lambda self, s, r, f=C.Correction.full: (fulls.append(r), f(self, s, r)))
+    cached = C.Correction.cached
+    monkeypatch.setattr(C.Correction, "cached", lambda self, *a: (forecasts.append(a[-1]), cached(self, *a)))
+    xs, _, report = sampled(model, latent, call, 1.0)
+    assert not report.cache.notes
+    assert torch.equal(xs[2], plain_xs[2])  # the same pass up to the first correction
+    r0, r2 = fulls[0], fulls[1]
+    moved = r0 + (SIGMAS[1] - SIGMAS[0]) / (SIGMAS[2] - SIGMAS[0]) * (r2 - r0) - forecasts[0]
+
+    # the reference: the uncorrected pass's step 1 again, the output layer's image stream moved by ``moved``
+    layout = layout_for(model, 0)
+    patch = tome_core.apply_settings(model, settings(0.0))
+    steps = {"n": 0}
+
+    def shift(module, args, kwargs):
+        steps["n"] += 1
+        if steps["n"] == 2:  # the entry's call at step 1
+            return layout.with_entry_image(args, kwargs, layout.entry_image(args, kwargs) + moved)
+        return None
+
+    hook = layout.entry.register_forward_pre_hook(shift, with_kwargs=True)  # after the cache's own
+    try:
+        _, rerun = euler(model, latent, call, patch, last=1)
+    finally:
+        hook.remove()
+        tome_core.remove_patch(model)
+    expected = plain_xs[3] + (SIGMAS[2] - SIGMAS[1]) * (rerun[1] - plain_outs[1])
+    moved_x, off = (xs[3] - plain_xs[3]).abs().max(), (xs[3] - expected).abs().max()
+    assert moved_x > 1e-5 and off < 5e-3 * moved_x, (moved_x, off)  # it moved x, and exactly so
+    assert not torch.equal(xs[-1], plain_xs[-1])
+    assert not layout.entry._forward_hooks and not layout.entry._forward_pre_hooks  # every hook removed
+    assert torch.equal(call(model, _noise(*latent), 0.5), before)  # the model left bit-identical
+
+
+def test_without_gain_or_without_the_euler_schedule_the_pass_is_the_caches_bit_for_bit(family):
+    model, latent, call = family
+    plain, _, _ = sampled(model, latent, call, 0.0, euler_given=False)
+    for gain, given in ((0.0, True), (0.5, False)):
+        xs, _, report = sampled(model, latent, call, gain, euler_given=given)
+        assert torch.equal(xs[-1], plain[-1])
+        says = [n for n in report.cache.notes if n.startswith("cache correction off")]
+        assert says == (
+            []
+            if given
+            else [
+                "cache correction off: the host gives no Euler sampler's schedule "
+                "(ComfyUI's euler sampler only, for now)"
+            ]
+        )
+
+
+def test_a_schedule_of_another_length_or_the_hosts_reason_is_said_and_nothing_is_corrected():
+    model, latent, call = FAMILIES["bfl-flux"][0]().eval(), *FAMILIES["bfl-flux"][1:]
+    plain, _, _ = sampled(model, latent, call, 0.0)
+    patch = tome_core.apply_settings(model, settings(0.5))
+    patch.set_euler(SIGMAS[:-1])
+    try:
+        xs, _ = euler(model, latent, call, patch)
+        notes = patch.report().cache.notes
+    finally:
+        tome_core.remove_patch(model)
+    assert torch.equal(xs[-1], plain[-1]) and any("no Euler sampler's schedule" in n for n in notes)
+    patch = tome_core.apply_settings(model, settings(0.5))
+    patch.set_euler(None, "the sampler is heun; the correction is exact under euler only")
+    try:
+        xs, _ = euler(model, latent, call, patch)
+        notes = patch.report().cache.notes
+    finally:
+        tome_core.remove_patch(model)
+    assert torch.equal(xs[-1], plain[-1])
+    assert "cache correction off: the sampler is heun; the correction is exact under euler only" in notes
+
+
+@pytest.mark.parametrize("which", ["diffusers-wan", "unet"])
+def test_where_the_output_layer_is_not_one_module_it_stands_aside_and_says_so(which):
+    if which == "unet":
+        model = make_unet("sd15")
+        x, context = torch.randn(B, 4, 16, 16, generator=torch.Generator().manual_seed(1)), torch.randn(B, 77, 64)
+
+        def call(m, s):
+            return m(x, torch.full((B,), 999.0 * s), context=context)
+    else:
+        model = diffusers_wan(5)
+        x = torch.randn(B, 4, 3, 8, 8, generator=torch.Generator().manual_seed(1))
+
+        def call(m, s):
+            return m(x, torch.full((B,), 1000 * s), _context(), return_dict=False)[0]
+
+    outs = {}
+    for gain in (0.0, 0.5):
+        patch = tome_core.apply_settings(model, settings(gain))
+        patch.set_euler(SIGMAS)
+        try:
+            with torch.no_grad():
+                outs[gain] = []
+                for i, s in enumerate(SIGMAS[:-1]):
+                    patch.set_progress(i / 6, 6)
+                    outs[gain].append(call(model, s))
+            notes = patch.report().cache.notes
+        finally:
+            tome_core.remove_patch(model)
+        assert (CORRECTION_FAMILY_NOTE in notes) == (gain > 0)
+    assert all(torch.equal(a, b) for a, b in zip(outs[0.0], outs[0.5]))
+
+
+def test_a_gain_out_of_range_is_named():
+    with pytest.raises(SettingsError, match=r"cache_correction.*from 0 to 1"):
+        tome_core.from_dict({"cache_correction": 1.5})
+    assert ToMeSettings().cache_correction == 0.0
