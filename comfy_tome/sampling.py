@@ -34,6 +34,7 @@ from torch import nn
 from tome_core import compiling
 from tome_core import run as R
 from tome_core import settings as S
+from tome_core.caching.correction import output_is_direction
 from tome_core.families import has_transformer_blocks, layout_for
 from tome_core.session import Session, apply_settings, find_unet
 from tome_core.settings import SettingsError, ToMeSettings
@@ -200,19 +201,6 @@ def euler_schedule(executor: Any, model: Any, sigmas: Any) -> tuple[list[float] 
     if not output_is_direction(getattr(model, "model_sampling", None)):
         return None, "this model's output is not euler's direction (v-prediction or EDM)"
     return [float(s) for s in sigmas], None
-
-
-def output_is_direction(model_sampling: Any) -> bool:
-    """Whether ``model_sampling`` makes the denoised image ``x − σ·out`` (ComfyUI's ``CONST`` and ``EPS``), so that
-    Euler's direction ``(x − denoised) / σ`` is the model's output itself: asked of its own ``calculate_denoised``."""
-    try:
-        sigma = torch.tensor([0.5])
-        ones, zeros = torch.ones(1, 1, 1, 1), torch.zeros(1, 1, 1, 1)
-        scale = model_sampling.calculate_denoised(sigma, ones, zeros)  # −σ where the output is the direction
-        skip = model_sampling.calculate_denoised(sigma, zeros, ones)  # x itself
-        return bool(torch.allclose(scale, -sigma.view(1, 1, 1, 1)) and torch.allclose(skip, ones))
-    except Exception:  # another schedule's interface: not known to be one
-        return False
 
 
 COMPILED_RECOMPILE_LIMIT = 64

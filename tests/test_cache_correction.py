@@ -157,12 +157,7 @@ def test_without_gain_or_without_the_euler_schedule_the_pass_is_the_caches_bit_f
         assert torch.equal(xs[-1], plain[-1])
         says = [n for n in report.cache.notes if n.startswith("cache correction off")]
         assert says == (
-            []
-            if given
-            else [
-                "cache correction off: the host gives no Euler sampler's schedule "
-                "(ComfyUI's euler sampler only, for now)"
-            ]
+            [] if given else ["cache correction off: the host gives no Euler sampler's schedule (Session.set_euler)"]
         )
 
 
@@ -224,3 +219,50 @@ def test_a_gain_out_of_range_is_named():
     with pytest.raises(SettingsError, match=r"cache_correction.*from 0 to 1"):
         tome_core.from_dict({"cache_correction": 1.5})
     assert ToMeSettings().cache_correction == 0.0
+
+
+def _denoiser_call(sigma: float, step: int, steps: int, sampler: str = "sample_euler", sigmas=None, churn=0.0):
+    """A WebUI denoiser call (``CFGDenoiserParams``) as Forge Neo makes it: the sampler's ``func``, the predictor,
+    and (Neo) all of the sampler's sigmas in the model's ``transformer_options``."""
+    from types import SimpleNamespace as NS
+
+    def func():
+        pass
+
+    func.__name__ = sampler
+
+    class Eps:
+        def calculate_denoised(self, sigma, model_output, model_input):
+            return model_input - model_output * sigma.view(sigma.shape[:1] + (1,) * (model_output.ndim - 1))
+
+    options = {} if sigmas is None else {"sampling_sigmas": torch.tensor(sigmas, dtype=torch.float64)}
+    unet = NS(model_options={"transformer_options": options})
+    p = NS(
+        sampler_name=sampler.removeprefix("sample_").title(), s_churn=churn, sd_model=NS(forge_objects=NS(unet=unet))
+    )
+    sampler_ = NS(func=func, model_wrap=NS(predictor=Eps()))
+    return NS(
+        sigma=torch.tensor([sigma]), denoiser=NS(step=step, steps=steps, total_steps=steps, sampler=sampler_, p=p)
+    )
+
+
+def test_the_webui_reads_the_passs_euler_schedule_from_neos_sigmas():
+    from webui_tome.extension import euler_schedule
+
+    txt = [1.0, 0.8, 0.6, 0.3, 0.0]
+    assert euler_schedule(_denoiser_call(0.6, 2, 4, sigmas=txt)) == (txt, None)
+    full = [1.0, 0.9, 0.8, 0.6, 0.4, 0.2, 0.0]  # img2img runs the tail from 0.6: 3 steps
+    assert euler_schedule(_denoiser_call(0.4, 1, 3, sigmas=full)) == ([0.6, 0.4, 0.2, 0.0], None)
+    assert (
+        euler_schedule(_denoiser_call(0.5, 1, 3, sigmas=full))[1]
+        == "the sampler's sigmas do not match this pass's steps"
+    )
+    assert euler_schedule(_denoiser_call(0.6, 2, 4)) == (
+        None,
+        "this host gives no Euler sampler's schedule (ComfyUI and Forge Neo do)",
+    )
+    for sampler, churn, name in (("sample_heun", 0.0, "Heun"), ("sample_euler", 0.5, "Euler")):
+        assert euler_schedule(_denoiser_call(0.6, 2, 4, sampler, txt, churn)) == (
+            None,
+            f"the sampler is {name}; the correction is exact under Euler only",
+        )

@@ -13,9 +13,9 @@ import torch
 from test_cache_hosts import untouched
 
 import tome_core
-from comfy_tome.sampling import output_is_direction
 from tome_core import run as R
 from tome_core import settings as S
+from tome_core.caching.correction import output_is_direction
 from tome_core.families import layout_for
 
 ROOT = Path(__file__).resolve().parents[1]

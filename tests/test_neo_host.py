@@ -122,6 +122,32 @@ def test_the_accordions_cache_acts_on_neos_transformers_and_the_plain_image_foll
     assert untouched(model)
 
 
+@pytest.mark.parametrize("family", ["Flux", "Wan"])
+def test_the_cache_correction_acts_under_euler_on_neos_sigmas_and_stands_aside_under_heun(
+    start_neo, neo_builders, family
+):
+    """``cache_correction`` (issue 36): Neo hands the model its sampler's sigmas, so under Euler the cached steps are
+    corrected (txt2img, and img2img, which runs their tail); under Heun it stays off, says so, and the image is the
+    uncorrected one."""
+    model = unet_of(neo_builders[family])
+    txt, img = start_neo(checkpoint=family)
+    cache = {"ratio": 0.0, "cache": True, "cache_interval": 2, "cache_forecast": "linear", "cache_schedule": "uniform"}
+    from PIL import Image
+
+    image = Image.new("RGB", (64, 64), (120, 80, 40))
+    for runner, kind in ((txt, {}), (img, {"img2img": True, "init_images": [image], "denoising_strength": 0.75})):
+        steps = {"steps": 12} if kind else {"steps": 8}
+        ours, _ = generate(runner, tome_args(runner, **cache), [model], **kind, **steps)
+        fixed, _ = generate(runner, tome_args(runner, **cache, cache_correction=1.0), [model], **kind, **steps)
+        assert "ToMe cache correction: 1" in fixed.infotexts[0] and R.NOTE_KEY not in fixed.js()
+        assert "cached" in fixed.infotexts[0] and not identical(pixels(fixed), pixels(ours))
+    heun = {"sampler_name": "Heun", "steps": 8}
+    ours, _ = generate(txt, tome_args(txt, **cache), [model], **heun)
+    res, _ = generate(txt, tome_args(txt, **cache, cache_correction=1.0), [model], **heun)
+    assert "cache correction off: the sampler is Heun; the correction is exact under Euler only" in res.js()
+    assert identical(pixels(res), pixels(ours)) and untouched(model) and not errors.reported
+
+
 def test_a_cache_branch_too_deep_for_the_model_is_named_and_tome_is_off_for_the_generation(start_neo, neo_builders):
     """The bound that only the model knows (found when patching, not when parsing) ends like any invalid value: the
     error alone in the infotext, the model's own image (seen in the real Neo with Wan, where it was not so)."""

@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from tome_core import settings as S
+from tome_core.caching.correction import output_is_direction
 from tome_core.report import PassCount
 from tome_core.session import apply_settings, find_unet, get_patch, remove_patch
 from tome_core.settings import SettingsError, ToMeSettings
@@ -51,6 +52,33 @@ def sampling_position(params: Any) -> tuple[float, int]:
         return min(calls // (total // steps) / steps, 1.0), steps
     total = max(int(getattr(params, "total_sampling_steps", 0) or 0), 1)
     return min(int(params.sampling_step) / total, 1.0), total
+
+
+def euler_schedule(params: Any) -> tuple[list[float] | None, str | None]:
+    """What ``cache_correction`` needs of this denoiser call (``CFGDenoiserParams``): the pass's sigmas (from its
+    first step: the call's own sigma found in them, less the call's step, :func:`sampling_position`), where the sampler is k-diffusion's first-order Euler (``func`` ``sample_euler``, no ``s_churn``), the
+    model's output is its direction (the predictor's ``denoised = x − σ·out``) and the host hands its sampler's sigmas
+    to the model (Forge Neo: ``transformer_options["sampling_sigmas"]``, ``sd_samplers_kdiffusion.py:193, 248``, all
+    of them, of which img2img runs the tail); else None and why not."""
+    denoiser = getattr(params, "denoiser", None)
+    sampler, p = getattr(denoiser, "sampler", None), getattr(denoiser, "p", None)
+    name = str(getattr(getattr(sampler, "func", None), "__name__", getattr(p, "sampler_name", "unknown")))
+    if name != "sample_euler" or float(getattr(p, "s_churn", 0.0) or 0.0) > 0:
+        return None, f"the sampler is {getattr(p, 'sampler_name', name)}; the correction is exact under Euler only"
+    if not output_is_direction(getattr(getattr(sampler, "model_wrap", None), "predictor", None)):
+        return None, "this model's output is not Euler's direction (v-prediction or EDM)"
+    unet = getattr(getattr(getattr(p, "sd_model", None), "forge_objects", None), "unet", None)
+    options = getattr(unet, "model_options", {}).get("transformer_options", {})
+    sigmas, sigma = options.get("sampling_sigmas"), getattr(params, "sigma", None)
+    if sigmas is None or sigma is None:
+        return None, "this host gives no Euler sampler's schedule (ComfyUI and Forge Neo do)"
+    values, now = [float(s) for s in sigmas], float(sigma.flatten()[0])
+    fraction, steps = sampling_position(params)
+    here = next((i for i, s in enumerate(values) if abs(s - now) <= 1e-5 * max(abs(now), 1e-8)), None)
+    start = None if here is None else here - round(fraction * steps)
+    if start is None or start < 0 or len(values) - start != steps + 1:
+        return None, "the sampler's sigmas do not match this pass's steps"
+    return values[start:], None
 
 
 def sampling_progress(params: Any) -> float:
@@ -93,6 +121,14 @@ class PatchRegistry:
             patch = get_patch(root)
             if patch is not None:
                 patch.set_progress(fraction, steps)
+
+    def set_euler(self, sigmas: list[float] | None, why_not: str | None = None) -> None:
+        """Say the sampler to every live patch (:meth:`tome_core.session.Session.set_euler`): ``cache_correction``
+        needs the Euler sampler's sigmas."""
+        for root in list(self._roots):
+            patch = get_patch(root)
+            if patch is not None:
+                patch.set_euler(sigmas, why_not)
 
     def cache_counts(self) -> list[PassCount]:
         """The steps the live patches' step caches ran, per sampling pass (control models have no cache)."""

@@ -116,8 +116,13 @@ class KDiffusionSampler(webui_samplers.EulerSamplerDouble):
 
     def __init__(self, name: str, sd_model) -> None:
         sd_samplers_common.Sampler.__init__(self, name)
+        self.func = webui_samplers._named(webui_samplers.FUNCS.get(name, "sample_euler"))
         self.model_wrap_cfg = self.denoiser(self)
         self.model_wrap = self.model_wrap_cfg.inner_model
+
+    def hand_sigmas(self, p, sigmas: torch.Tensor) -> None:
+        """What the host tells the model of the sampler's sigmas before the loop: nothing in Forge main (Neo: all of
+        them, ``neo_double.sd_samplers``)."""
 
     def sample(self, p, x, conditioning, unconditional_conditioning, steps=None, image_conditioning=None):
         unet_patcher = self.model_wrap.inner_model.forge_objects.unet
@@ -128,6 +133,7 @@ class KDiffusionSampler(webui_samplers.EulerSamplerDouble):
         self.initialize(p)
         self.last_latent = x
         self.sampler_extra_args = self._extra_args(p, conditioning, unconditional_conditioning, image_conditioning)
+        self.hand_sigmas(p, sigmas)
         samples = self.launch_sampling(steps, lambda: self._euler(p, x, sigmas, self.sampler_extra_args))
         backend.sampling_cleanup(unet_patcher)
         return samples
@@ -145,6 +151,7 @@ class KDiffusionSampler(webui_samplers.EulerSamplerDouble):
         self.model_wrap_cfg.init_latent = x
         self.last_latent = x
         self.sampler_extra_args = self._extra_args(p, conditioning, unconditional_conditioning, image_conditioning)
+        self.hand_sigmas(p, sigmas)
         samples = self.launch_sampling(t_enc + 1, lambda: self._euler(p, xi, sigma_sched, self.sampler_extra_args))
         backend.sampling_cleanup(unet_patcher)
         return samples

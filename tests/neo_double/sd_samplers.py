@@ -1,6 +1,7 @@
 """Double of Neo's refiner switch, ``modules/sd_samplers_common.py:229-324`` ``apply_refiner`` (called by the CFG
-denoiser with the step's sigma, ``sd_samplers_cfg_denoiser.py:117``); the rest of the sampler is Forge's
-(``forge_double.sd_samplers``).
+denoiser with the step's sigma, ``sd_samplers_cfg_denoiser.py:117``), and the sampler's sigmas handed to the model
+(``transformer_options["sampling_sigmas"]``, ``sd_samplers_kdiffusion.py:193, 248``); the rest of the sampler is
+Forge's (``forge_double.sd_samplers``).
 
 - When: by sigma unless ``opts.refiner_use_steps`` (l.233-238): the switch comes at the first step whose sigma is at
   most ``refiner_switch_at`` (the UI's "Switch at (in sigmas)", 0.875 by default for Wan 2.2); with
@@ -71,6 +72,10 @@ class CFGDenoiser(forge.CFGDenoiser):
 
 class KDiffusionSampler(forge.KDiffusionSampler):
     denoiser = CFGDenoiser
+
+    def hand_sigmas(self, p, sigmas) -> None:
+        """``sd_samplers_kdiffusion.py:193, 248``: all of the sampler's sigmas (img2img too, which runs their tail)."""
+        p.sd_model.forge_objects.unet.model_options["transformer_options"]["sampling_sigmas"] = sigmas
 
 
 def create_sampler(name: str, model) -> KDiffusionSampler:

@@ -139,7 +139,7 @@ class StepCache:
         self._two_times = False  # this pass's steps call the UNet at two times (the time schedule stands down)
         self._correcting = self.settings.cache_correction > 0 and self.layout is not None and self.layout.corrects
         self._sigmas: list[float] | None = None  # the Euler sampler's schedule (:meth:`set_euler`)
-        self._no_euler = "the host gives no Euler sampler's schedule (ComfyUI's euler sampler only, for now)"
+        self._no_euler = "the host gives no Euler sampler's schedule (Session.set_euler)"
         if self.layout is None:
             self._notes.append("step cache off: the cache does not know this model's blocks")
         elif self.settings.cache_correction > 0 and not self.layout.corrects:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -90,3 +91,17 @@ class Correction:
             change = head(c.args, c.kwargs, c.image + moved) - head(c.args, c.kwargs, c.image)
             total += (sigmas[c.step + 1] - sigma) / here * change
         return out + self.gain * total
+
+
+def output_is_direction(prediction: Any) -> bool:
+    """Whether a host's prediction type (ComfyUI's ``model_sampling``, Forge's ``predictor``) makes the denoised image
+    ``x − σ·out`` (flow matching and epsilon prediction), so that Euler's direction ``(x − denoised) / σ`` is the
+    model's output itself, which the correction needs: asked of its own ``calculate_denoised``."""
+    try:
+        sigma = torch.tensor([0.5])
+        ones, zeros = torch.ones(1, 1, 1, 1), torch.zeros(1, 1, 1, 1)
+        scale = prediction.calculate_denoised(sigma, ones, zeros)  # −σ where the output is the direction
+        skip = prediction.calculate_denoised(sigma, zeros, ones)  # x itself
+        return bool(torch.allclose(scale, -sigma.view(1, 1, 1, 1)) and torch.allclose(skip, ones))
+    except Exception:  # another interface: not known to be one
+        return False

@@ -7,7 +7,9 @@ sigma[i+1] AFTER step i's callback, except on the last step; its SamplerData say
 ``CFGDenoiser.total_steps`` is twice the steps, as in the real sd_samplers_kdiffusion.py.
 The inner model is a CompVisDenoiser (eps parameterisation): ``c_in = 1/sqrt(sigma^2+1)``,
 ``eps = sd_model.apply_model(x * c_in, t(sigma), cond)`` -> ``x - eps * sigma``; sigmas are the model's
-discrete sigmas spaced uniformly in t (the "Automatic" schedule of Euler).
+discrete sigmas spaced uniformly in t (the "Automatic" schedule of Euler). Each sampler's ``func`` is named after the
+k-diffusion function the real name runs (``KDiffusionSampler.func``, sd_samplers_kdiffusion.py: ``sample_euler`` for
+"Euler", ``sample_dpmpp_2m`` for "DPM++ 2M", ...), a stand-in whose name is what an extension reads.
 
 TEST-ONLY FAILURE INJECTION: if the processing object has a callable ``_test_fail_at_step``, the loop calls
 ``p._test_fail_at_step(i, x)`` right before step i's denoiser call. It may raise (e.g. ``NansException``,
@@ -24,6 +26,22 @@ from modules.shared import opts
 
 samplers_names = ["DPM++ 2M", "Euler", "Euler a", "DDIM", "Heun"]
 """the first is the default, as samplers[0] in the real sd_samplers.py"""
+FUNCS = {
+    "DPM++ 2M": "sample_dpmpp_2m",
+    "Euler": "sample_euler",
+    "Euler a": "sample_euler_ancestral",
+    "DDIM": "ddim",
+    "Heun": "sample_heun",
+}
+"""The function each name runs in the real WebUI (k-diffusion's; DDIM's own)."""
+
+
+def _named(name: str):
+    def func(*args, **kwargs):
+        raise NotImplementedError("the double samples with EulerSamplerDouble._euler")
+
+    func.__name__ = func.__qualname__ = name
+    return func
 
 
 class CompVisDenoiserDouble(torch.nn.Module):
@@ -55,6 +73,7 @@ class CompVisDenoiserDouble(torch.nn.Module):
 class EulerSamplerDouble(sd_samplers_common.Sampler):
     def __init__(self, name, sd_model):
         super().__init__(name)
+        self.func = _named(FUNCS.get(name, "sample_euler"))
         self.model_wrap = CompVisDenoiserDouble(sd_model)
         self.model_wrap_cfg = sd_samplers_cfg_denoiser.CFGDenoiser(self, self.model_wrap)
 
