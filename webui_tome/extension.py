@@ -55,11 +55,12 @@ def sampling_position(params: Any) -> tuple[float, int]:
 
 
 def euler_schedule(params: Any) -> tuple[list[float] | None, str | None]:
-    """What ``cache_correction`` needs of this denoiser call (``CFGDenoiserParams``): the pass's sigmas (from its
-    first step: the call's own sigma found in them, less the call's step, :func:`sampling_position`), where the sampler is k-diffusion's first-order Euler (``func`` ``sample_euler``, no ``s_churn``), the
-    model's output is its direction (the predictor's ``denoised = x − σ·out``) and the host hands its sampler's sigmas
-    to the model (Forge Neo: ``transformer_options["sampling_sigmas"]``, ``sd_samplers_kdiffusion.py:193, 248``, all
-    of them, of which img2img runs the tail); else None and why not."""
+    """What ``cache_correction`` needs of this denoiser call (``CFGDenoiserParams``): the pass's sigmas from its first
+    step (the call's own sigma found in them, less the call's step, :func:`sampling_position`), where the sampler is
+    k-diffusion's first-order Euler (``func`` ``sample_euler``, no ``s_churn``), the model's output is its direction
+    (the predictor's ``denoised = x − σ·out``) and the host hands its sampler's sigmas to the model (Forge Neo:
+    ``transformer_options["sampling_sigmas"]``, ``sd_samplers_kdiffusion.py:193, 248``, all of them, of which img2img
+    runs the tail); else None and why not."""
     denoiser = getattr(params, "denoiser", None)
     sampler, p = getattr(denoiser, "sampler", None), getattr(denoiser, "p", None)
     name = str(getattr(getattr(sampler, "func", None), "__name__", getattr(p, "sampler_name", "unknown")))

@@ -1,5 +1,5 @@
-"""Deferred correction of a cached pass, for :mod:`benchmarks.quality.dit_correction` only (issue 36: a study of
-the sampler, not a setting of the cache).
+"""Deferred correction of a cached pass, for :mod:`benchmarks.quality.dit_correction` only (issue 36: the study
+behind the cache's ``cache_correction``, with its variants and diffusers' Wan, on which the setting does not act).
 
 A cached step takes the skipped blocks' residual from the linear forecast of the last two full steps: an
 extrapolation. At the next full step the residual is known on both sides of those cached steps, so each can be

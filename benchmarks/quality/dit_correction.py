@@ -1,5 +1,5 @@
-"""Deferred correction of a cached pass (``python -m benchmarks.quality.dit_correction``; issue 36, a study of the
-sampler, not a setting): on the trained FLUX-layout model (or the Wan-layout video model, ``--model wan``), our cache
+"""Deferred correction of a cached pass (``python -m benchmarks.quality.dit_correction``; issue 36; the setting
+``cache_correction`` is its order 2, equal to it on the FLUX layout, ``tests/test_dit_correction.py``): on the trained FLUX-layout model (or the Wan-layout video model, ``--model wan``), our cache
 (linear forecast, uniform schedule) at N = 2, 3, 4, 5 and 7, and the same passes with the correction of
 :mod:`benchmarks.lab.correction`: at each full step, the cached steps since the one before re-estimated by
 interpolating the skipped blocks' residual, and what their outputs should have added to ``x`` carried by the full
@@ -99,7 +99,7 @@ def section(data_: dict, meta: dict) -> str:
         f"{subject.heading} (`{subject.card}`), {meta['seeds']} seeds, {meta['steps']} flow-matching Euler steps on "
         f"{subject.schedule}, CFG {CFG:g}; {meta['seconds'] / 60:.0f} min (1 torch thread). Our cache (linear, "
         "uniform) and the same passes corrected at each full step (`benchmarks.lab.correction`: a study of the "
-        "Euler sampler, not a setting). PSNR against plain's sample (mean [bootstrap 95 %]); the difference from "
+        "Euler sampler; the setting `cache_correction` is its order 2). PSNR against plain's sample (mean [bootstrap 95 %]); the difference from "
         f"the uncorrected pass, paired by seed; speed-up priced at {subject.width}.",
         "",
         "| N | full / cached | speed-up | ours | " + " | ".join(VARIANTS) + " |",
