@@ -135,3 +135,23 @@ def test_on_a_compiled_model_the_builtin_token_merging_is_kept_where_ours_stands
     beside = sample("sd15", [compiled, builtin, ("ToMe", {"ratio": 0.5})])
     assert not any("ToMe replaced built-in ratio" in line for line in console())
     torch.testing.assert_close(beside, alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("ckpt", ["flux1", "wan"])
+def test_the_cache_correction_under_compile_corrects_as_without_it_with_graphs_made_once(console, ckpt):
+    """``cache_correction`` re-runs the output layer from the cache's hook, out of any graph: on a compiled model the
+    corrected pass is the eager one, and no graph is made again at the next sampling."""
+    corrected = ("ToMeStepCache", {**CACHE, "cache_correction": 1.0})
+    expected = sample(ckpt, [corrected])
+    assert not torch.equal(expected, sample(ckpt, [("ToMeStepCache", CACHE)]))
+    torch._dynamo.reset()
+    GRAPHS.clear()
+    compiled = ("TorchCompileModel", {"backend": "inductor"})
+    with torch._dynamo.config.patch(recompile_limit=8, fail_on_recompile_limit_hit=True):
+        got = sample(ckpt, [compiled, corrected])
+        assert "ToMe cache correction: 1" in console()[-1] and not any("off" in line for line in console()[-2:])
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        made = len(GRAPHS)
+        assert made > 0
+        torch.testing.assert_close(sample(ckpt, [compiled, corrected]), expected, rtol=1e-5, atol=1e-5)
+        assert len(GRAPHS) == made
