@@ -71,8 +71,8 @@ def test_a_cached_pass_starts_the_features_back_before_its_first_block_runs(monk
 
 def test_kept_and_moved_copy_only_across_devices():
     t = torch.randn(3, 4)
-    assert F._kept(t, None) is t and F._kept(t, torch.device("cpu")) is t and F._moved(t, t.device) is t
-    assert F._kept(None, torch.device("cpu")) is None and F._moved(None, t.device) is None
+    assert F.kept_on(t, None) is t and F.kept_on(t, torch.device("cpu")) is t and F.moved_to(t, t.device) is t
+    assert F.kept_on(None, torch.device("cpu")) is None and F.moved_to(None, t.device) is None
 
 
 @pytest.mark.parametrize("forecast", ["off", "linear"])

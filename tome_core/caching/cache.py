@@ -312,7 +312,7 @@ class StepCache:
             while len(stream.forecasts) < len(stream.passes):
                 stream.forecasts.append(Forecast(self.settings.cache_forecast, self._store))
             while self._correcting and len(stream.corrections) < len(stream.passes):
-                stream.corrections.append(Correction(self.settings.cache_correction))
+                stream.corrections.append(Correction(self.settings.cache_correction, self._store))
             now.skipping = False
 
     def _intact(self) -> bool:
@@ -341,14 +341,16 @@ class StepCache:
                         correction.full(self._sigmas[step], found[0])
             return None
         assert forecast is not None  # a skipped pass had a complete full one
-        deep = forecast.predict(now.time, layout.probe(args, kwargs, record))
+        left = layout.probe(args, kwargs, record)
+        deep = forecast.predict(now.time, left)
         assert deep is not None
         out = layout.inject(args, kwargs, record, deep)
         if out is None:
             self._note("step cache: a cached step's features did not fit; that step's image may be off")
             self._warn_once("fit", f"ToMe: cached features {tuple(deep.shape)} do not fit the entry's input")
-        elif correction is not None and step is not None:
-            correction.cached(step, *out, layout.entry_image(*out), deep)
+        elif correction is not None and step is not None and left is not None:
+            image = layout.entry_image(*out)
+            correction.cached(step, *layout.with_entry_image(*out, None), left, image.dtype)
         return out
 
     def _correction(self) -> Correction | None:
@@ -357,10 +359,14 @@ class StepCache:
         return stream.corrections[number] if stream is not None and 0 <= number < len(stream.corrections) else None
 
     def _entry_post(self, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> Any:
-        """The output layer of a full pass (with ``cache_correction``): its output carrying the cached steps since the
-        last full one (:meth:`Correction.correct`), or as it is."""
-        correction = self._correction() if not self.now.cached else None
+        """The output layer (with ``cache_correction``): at a cached pass, what it gave is kept; at a full one, its
+        output carries the cached steps since the last full one (:meth:`Correction.correct`)."""
+        correction = self._correction()
         if correction is None or not isinstance(out, torch.Tensor):
+            return None
+        if self.now.cached:
+            if self.now.skipping:
+                correction.output(out)
             return None
         step = self._euler_step(self.now.call)
         return None if step is None else correction.correct(out, step, self._sigmas, self.layout.head)

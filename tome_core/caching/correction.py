@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from .forecast import kept_on, moved_to
+
 Head = Callable[[tuple, dict, torch.Tensor], torch.Tensor]
 """The family's output layer on a call's arguments with another image stream (:meth:`ResidualLayout.head`)."""
 
@@ -50,21 +52,24 @@ def interpolate(fulls: Sequence[tuple[float, torch.Tensor]], sigma: float) -> to
 
 @dataclass
 class _Cached:
-    """A cached step as the output layer saw it: its step, its arguments (the image stream ``image`` among them) and
-    the residual the cache forecast for it."""
+    """A cached step as the output layer saw it: its step, its arguments but the image stream (which was ``left``, what
+    left the probe, plus the forecast residual, in ``dtype``) and what the output layer gave."""
 
     step: int
     args: tuple
     kwargs: dict
-    image: torch.Tensor
-    forecast: torch.Tensor
+    left: torch.Tensor
+    dtype: torch.dtype
+    out: torch.Tensor | None = None
 
 
 class Correction:
-    """The correction of one stream's pass through the blocks (see the module), fed by the cache's entry hooks."""
+    """The correction of one stream's pass through the blocks (see the module), fed by the cache's entry hooks. Per
+    cached step it keeps what left the probe (one image-stream-sized tensor, on ``store`` where ``cache_device`` says
+    so) and the output layer's output until the next full step."""
 
-    def __init__(self, gain: float):
-        self.gain = gain
+    def __init__(self, gain: float, store: torch.device | None = None):
+        self.gain, self.store = gain, store
         self._fulls: list[tuple[float, torch.Tensor]] = []  # (σ, residual) of the last three full steps
         self._cached: list[_Cached] = []  # the cached steps since the last full one
 
@@ -72,10 +77,15 @@ class Correction:
         """A full step at ``sigma`` read the skipped blocks' ``residual`` (the tensor the forecast keeps)."""
         self._fulls = [*self._fulls, (sigma, residual)][-3:]
 
-    def cached(self, step: int, args: tuple, kwargs: dict, image: torch.Tensor, forecast: torch.Tensor) -> None:
-        """Cached step ``step`` calls the output layer with ``args``/``kwargs`` (``image``: its image stream, which
-        holds ``forecast``, the forecast residual)."""
-        self._cached.append(_Cached(step, args, kwargs, image, forecast))
+    def cached(self, step: int, args: tuple, kwargs: dict, left: torch.Tensor, dtype: torch.dtype) -> None:
+        """Cached step ``step`` calls the output layer with ``args``/``kwargs`` (the image stream left out: ``left``,
+        what left the probe, plus the forecast, in ``dtype``)."""
+        self._cached.append(_Cached(step, args, kwargs, kept_on(left, self.store), dtype))
+
+    def output(self, out: torch.Tensor) -> None:
+        """What the output layer gave at the cached step just recorded."""
+        if self._cached and self._cached[-1].out is None:
+            self._cached[-1].out = out
 
     def correct(self, out: torch.Tensor, step: int, sigmas: Sequence[float], head: Head) -> torch.Tensor | None:
         """The output of full step ``step`` (the output layer's ``out``) carrying the cached steps since the last full
@@ -86,10 +96,12 @@ class Correction:
         here = sigmas[step + 1] - sigmas[step]
         total = torch.zeros_like(out)
         for c in cached:
+            if c.out is None:  # another hook replaced the output layer's call: nothing known to correct
+                continue
             sigma = sigmas[c.step]
-            moved = (interpolate(self._fulls, sigma) - c.forecast).to(c.image.dtype)
-            change = head(c.args, c.kwargs, c.image + moved) - head(c.args, c.kwargs, c.image)
-            total += (sigmas[c.step + 1] - sigma) / here * change
+            left = moved_to(c.left, out.device)
+            image = (left + interpolate(self._fulls, sigma).to(left.dtype)).to(c.dtype)
+            total += (sigmas[c.step + 1] - sigma) / here * (head(c.args, c.kwargs, image) - c.out)
         return out + self.gain * total
 
 

@@ -64,7 +64,7 @@ class Forecast:
         now = _as_time(time, deep.device)
         # a copy: a view would keep the caller's whole tensor (the entry block's input) alive until the next full step
         probe = subsample(probe).clone() if self.forecast == "calibrated" and probe is not None else None
-        previous, change = _moved(self.deep, deep.device), None
+        previous, change = moved_to(self.deep, deep.device), None
         self.span = self.probe_change = None
         if self.forecast != "off" and previous is not None and previous.shape == deep.shape:
             change = deep - previous
@@ -73,13 +73,13 @@ class Forecast:
             if probe is not None and self.probe is not None and self.probe.shape == probe.shape:
                 self.probe_change = probe - self.probe
         self.time, self.probe, self.device, self._fetched = now, probe, deep.device, None
-        self.deep, self.change = _kept(deep, self.store), _kept(change, self.store)
+        self.deep, self.change = kept_on(deep, self.store), kept_on(change, self.store)
 
     def fetch(self) -> None:
         """A cached pass begins: with the features kept elsewhere (``store``), start copying them back to their
         device, so that :meth:`predict` finds them there."""
         if self.store is not None and self.deep is not None and self.device is not None:
-            self._fetched = (_moved(self.deep, self.device), _moved(self.change, self.device))
+            self._fetched = (moved_to(self.deep, self.device), moved_to(self.change, self.device))
 
     def predict(self, time: Time, probe: torch.Tensor | None = None) -> torch.Tensor | None:
         """The deep features for a cached step at ``time`` (with its live ``probe``); None before any full step."""
@@ -128,7 +128,7 @@ def _as_time(time: Time, device: torch.device) -> torch.Tensor | None:
     return torch.as_tensor(time, dtype=torch.float32, device=device).reshape(())
 
 
-def _kept(t: torch.Tensor | None, store: torch.device | None) -> torch.Tensor | None:
+def kept_on(t: torch.Tensor | None, store: torch.device | None) -> torch.Tensor | None:
     """``t`` where it is kept between steps: as it is (no ``store``, or already there), else a copy on ``store`` made
     without blocking (into pinned memory from a GPU, so the copy runs in the stream's order, without a sync)."""
     if t is None or store is None or t.device == store:
@@ -139,6 +139,6 @@ def _kept(t: torch.Tensor | None, store: torch.device | None) -> torch.Tensor | 
     return t.to(store)
 
 
-def _moved(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+def moved_to(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
     """``t`` on ``device``: itself where it is there, else a copy started without blocking."""
     return t if t is None or t.device == device else t.to(device, non_blocking=True)
