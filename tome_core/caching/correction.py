@@ -11,8 +11,9 @@ known, and the full step's output carries the difference, ``gain`` of it:
     out_full += gain · Σ_m (σ'_m − σ_m) / (σ'_full − σ_full) · [head(h_m + R̃_m − R̂_m) − head(h_m)]
 
 with ``h_m`` the image stream that entered the output layer (the family's entry) at cached step ``m`` (the live
-probe's stream plus the forecast ``R̂_m``), ``R̃_m`` the interpolated residual and ``head`` the output layer run
-again on that step's own arguments (its time modulation included). It adds to the entry's output, which the model
+probe's stream plus the forecast ``R̂_m``), ``R̃_m`` the interpolated residual and ``head`` the output layer on that
+step's own arguments (its time modulation included): ``head(h_m)`` is what it gave then, ``head`` runs once more on
+the probe's stream plus ``R̃_m``. It adds to the entry's output, which the model
 only maps linearly from there (a projection, unpatchifying), and the host's Euler step (``d = (x − denoised) / σ``
 is the model's output for flow-matching and epsilon models) and classifier-free guidance combine the calls' outputs
 linearly, so guided samples get the same correction. It is exact for the first-order Euler sampler only: a multistep
