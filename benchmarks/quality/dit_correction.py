@@ -4,7 +4,7 @@
 :mod:`benchmarks.lab.correction`: at each full step, the cached steps since the one before re-estimated by
 interpolating the skipped blocks' residual, and what their outputs should have added to ``x`` carried by the full
 step's output (exact for the flow-matching Euler sampler only). Variants: the parabola (order 2) with all of the
-difference (gain 1) or half of it (gain 0.5), and the line (order 1, gain 1).
+difference (gain 1), three quarters or half of it (0.75, 0.5), and the line (order 1, gain 1).
 
 PSNR against plain's sample (mean [bootstrap 95 %]) and the paired difference from the uncorrected pass; then the
 corrected pass against the best real-library run at 2×, 3× and 4× (``dit_libraries``' saved run, the same seeds,
@@ -32,7 +32,12 @@ from benchmarks.lab.trained.metrics import Estimate, bootstrap, psnr_ssim
 
 COMMAND = "dit-correction"
 INTERVALS = (2, 3, 4, 5, 7)
-VARIANTS = {"order 2, gain 1": (2, 1.0), "order 2, gain 0.5": (2, 0.5), "order 1, gain 1": (1, 1.0)}
+VARIANTS = {
+    "order 2, gain 1": (2, 1.0),
+    "order 2, gain 0.75": (2, 0.75),
+    "order 2, gain 0.5": (2, 0.5),
+    "order 1, gain 1": (1, 1.0),
+}
 TARGETS = (2.0, 3.0, 4.0)
 
 
