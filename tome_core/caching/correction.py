@@ -65,9 +65,9 @@ class _Cached:
 
 
 class Correction:
-    """The correction of one stream's pass through the blocks (see the module), fed by the cache's entry hooks. Per
-    cached step it keeps what left the probe (one image-stream-sized tensor, on ``store`` where ``cache_device`` says
-    so) and the output layer's output until the next full step."""
+    """The correction of one stream's pass through the blocks (see the module), fed by the cache's entry hooks. It
+    keeps the last three full steps' residuals and, per cached step, what left the probe (each one image-stream-sized
+    tensor, on ``store`` where ``cache_device`` says so) and the output layer's output until the next full step."""
 
     def __init__(self, gain: float, store: torch.device | None = None):
         self.gain, self.store = gain, store
@@ -76,7 +76,7 @@ class Correction:
 
     def full(self, sigma: float, residual: torch.Tensor) -> None:
         """A full step at ``sigma`` read the skipped blocks' ``residual`` (the tensor the forecast keeps)."""
-        self._fulls = [*self._fulls, (sigma, residual)][-3:]
+        self._fulls = [*self._fulls, (sigma, kept_on(residual, self.store))][-3:]
 
     def cached(self, step: int, args: tuple, kwargs: dict, left: torch.Tensor, dtype: torch.dtype) -> None:
         """Cached step ``step`` calls the output layer with ``args``/``kwargs`` (the image stream left out: ``left``,
@@ -95,13 +95,14 @@ class Correction:
         if not cached or len(self._fulls) < 2 or self.gain == 0:
             return None
         here = sigmas[step + 1] - sigmas[step]
+        fulls = [(s, moved_to(r, out.device)) for s, r in self._fulls]
         total = torch.zeros_like(out)
         for c in cached:
             if c.out is None:  # another hook replaced the output layer's call: nothing known to correct
                 continue
             sigma = sigmas[c.step]
             left = moved_to(c.left, out.device)
-            image = (left + interpolate(self._fulls, sigma).to(left.dtype)).to(c.dtype)
+            image = (left + interpolate(fulls, sigma).to(left.dtype)).to(c.dtype)
             total += (sigmas[c.step + 1] - sigma) / here * (head(c.args, c.kwargs, image) - c.out)
         return out + self.gain * total
 
