@@ -116,7 +116,7 @@ class Session:
         :mod:`tome_core.caching.correction`), or None: another sampler (``why_not``: which, for the note that the
         correction is off). The host reports each step's progress as well (:meth:`set_progress`)."""
         if self.cache is not None:
-            self.cache.set_euler(None if sigmas is None else list(sigmas), why_not)
+            self.cache.set_euler(sigmas, why_not)
 
     # --- installing ---------------------------------------------------------------------------------
     def _install(self) -> None:

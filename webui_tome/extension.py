@@ -18,7 +18,7 @@ from torch import nn
 from tome_core import settings as S
 from tome_core.caching.correction import output_is_direction
 from tome_core.report import PassCount
-from tome_core.session import apply_settings, find_unet, get_patch, remove_patch
+from tome_core.session import Session, apply_settings, find_unet, get_patch, remove_patch
 from tome_core.settings import SettingsError, ToMeSettings
 
 log = logging.getLogger("tome_core")
@@ -115,37 +115,35 @@ class PatchRegistry:
         root = find_unet(model)
         return root is not None and root in self._roots and get_patch(root) is not None
 
+    def _live(self) -> list[Session]:
+        """The patches still on the modules we patched."""
+        return [patch for patch in (get_patch(root) for root in list(self._roots)) if patch is not None]
+
     def set_progress(self, fraction: float | None, steps: int | None = None) -> None:
         """Report sampling progress (and the pass's step count) to every live patch: the step schedule, plan reuse
         and the step cache read it."""
-        for root in list(self._roots):
-            patch = get_patch(root)
-            if patch is not None:
-                patch.set_progress(fraction, steps)
+        for patch in self._live():
+            patch.set_progress(fraction, steps)
 
     def set_euler(self, sigmas: list[float] | None, why_not: str | None = None) -> None:
         """Say the sampler to every live patch (:meth:`tome_core.session.Session.set_euler`): ``cache_correction``
         needs the Euler sampler's sigmas."""
-        for root in list(self._roots):
-            patch = get_patch(root)
-            if patch is not None:
-                patch.set_euler(sigmas, why_not)
+        for patch in self._live():
+            patch.set_euler(sigmas, why_not)
 
     def cache_counts(self) -> list[PassCount]:
         """The steps the live patches' step caches ran, per sampling pass (control models have no cache)."""
         out: list[PassCount] = []
-        for root in list(self._roots):
-            patch = get_patch(root)
-            if patch is not None and patch.cache is not None:
+        for patch in self._live():
+            if patch.cache is not None:
                 out.extend(patch.cache.report().passes)
         return out
 
     def shortfalls(self) -> list[str]:
         """What the live patches could not merge (:meth:`Session.report`): each phrase once, whichever model said it."""
         out: list[str] = []
-        for root in list(self._roots):
-            patch = get_patch(root)
-            for note in patch.report().notes if patch is not None else ():
+        for patch in self._live():
+            for note in patch.report().notes:
                 if note not in out:
                     out.append(note)
         return out

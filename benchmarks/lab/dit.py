@@ -323,15 +323,16 @@ def sample(
     aside (:func:`tome_core.caching.schedule.too_short`; to measure what it would do). ``correction``: a
     :class:`benchmarks.lab.correction.DeferredCorrection` of the cached pass (with a mode, in place of its study)."""
     patch = None if mode is None else tome_core.apply_settings(model.transformer, mode.settings())
+    schedule = model.schedule(steps, noise)
     if patch is not None and patch.cache is not None:
         patch.cache.short_passes = short_passes
-        patch.set_euler(model.schedule(steps, noise))
+        patch.set_euler(schedule)
     study = None if mode is None or mode.study is None else getattr(forecasters, mode.study)
     try:
         progress = None if patch is None else (lambda i, n: patch.set_progress(i / n, n))
         studied = forecasters.swapped(study)
         if correction is not None and patch is not None and patch.cache is not None:
-            cache, schedule = patch.cache, model.schedule(steps, noise)
+            cache = patch.cache
             studied = correction.attached(model.transformer, schedule, lambda: cache.cached_now)
 
             def progress(i: int, n: int) -> None:

@@ -38,7 +38,7 @@ graph (:mod:`tome_core.compiling`); the blocks themselves are compiled, one grap
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -206,7 +206,7 @@ class StepCache:
         if not restore_forwards(self._originals):
             log.warning("ToMe: a UNet block's forward was replaced over the step cache's; left as it is")
 
-    def set_euler(self, sigmas: list[float] | None, why_not: str | None = None) -> None:
+    def set_euler(self, sigmas: Sequence[float] | None, why_not: str | None = None) -> None:
         """The sampler of the passes to come is the first-order Euler sampler on ``sigmas`` (the pass's schedule, its
         end included), which ``cache_correction`` needs; None: another sampler (``why_not`` says which, in the note
         that the correction is off)."""

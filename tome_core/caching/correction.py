@@ -92,7 +92,7 @@ class Correction:
         """The output of full step ``step`` (the output layer's ``out``) carrying the cached steps since the last full
         one, on the Euler schedule ``sigmas``; None where there is nothing to correct (the output stays)."""
         cached, self._cached = self._cached, []
-        if not cached or len(self._fulls) < 2 or self.gain == 0:
+        if not cached or len(self._fulls) < 2:
             return None
         here = sigmas[step + 1] - sigmas[step]
         fulls = [(s, moved_to(r, out.device)) for s, r in self._fulls]
