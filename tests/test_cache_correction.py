@@ -1,7 +1,7 @@
 """``cache_correction`` (issue 36): the step cache's deferred correction under the Euler sampler
 (``tome_core.caching.correction``). On every family it acts on, the corrected pass moves ``x`` exactly as running
 the cached step again with the interpolated residual would have; without gain, or where it cannot act, the pass is
-the cache's bit for bit, and a note says why; the model is left bit-identical."""
+the cache's bit for bit, and a note says why (quietly at the default, 0.75); the model is left bit-identical."""
 
 from __future__ import annotations
 
@@ -219,7 +219,45 @@ def test_where_the_output_layer_is_not_one_module_it_stands_aside_and_says_so(wh
 def test_a_gain_out_of_range_is_named():
     with pytest.raises(SettingsError, match=r"cache_correction.*from 0 to 1"):
         tome_core.from_dict({"cache_correction": 1.5})
-    assert ToMeSettings().cache_correction == 0.0
+    assert ToMeSettings().cache_correction == 0.75
+
+
+def _default_pass(model, latent, call, sigmas, why_not=None, **changes):
+    """A pass with the cache at its defaults (``cache_correction`` not given) and ``changes``: its last ``x`` and
+    what the cache said of the correction."""
+    patch = tome_core.apply_settings(model, ToMeSettings(ratio=0.0, cache=True, cache_interval=2, **changes))
+    patch.set_euler(sigmas, why_not)
+    try:
+        xs, _ = euler(model, latent, call, patch)
+        notes = [n for n in patch.report().cache.notes if "correction" in n]
+    finally:
+        tome_core.remove_patch(model)
+    return xs[-1], notes
+
+
+def test_at_its_default_it_corrects_under_euler_and_stands_aside_quietly_elsewhere():
+    """The default (0.75) is the setting's 0.75 under Euler; where it cannot act (no schedule, another sampler, a
+    UNet) the pass is the uncorrected cache's bit for bit and nothing is said, while a gain set by hand says why."""
+    model, latent, call = FAMILIES["bfl-flux"][0]().eval(), *FAMILIES["bfl-flux"][1:]
+    off, _ = _default_pass(model, latent, call, SIGMAS, cache_correction=0.0)
+    corrected, notes = _default_pass(model, latent, call, SIGMAS)
+    assert notes == [] and not torch.equal(corrected, off)
+    assert torch.equal(corrected, _default_pass(model, latent, call, SIGMAS, cache_correction=0.75)[0])
+    heun = "the sampler is heun; the correction is exact under euler only"
+    for sigmas, why_not in ((None, None), (None, heun), (SIGMAS[:-1], None)):
+        quiet, notes = _default_pass(model, latent, call, sigmas, why_not)
+        said = _default_pass(model, latent, call, sigmas, why_not, cache_correction=0.5)[1]
+        assert torch.equal(quiet, off) and notes == [] and len(said) == 1 and said[0].startswith("cache correction off")
+    unet = make_unet("sd15")
+    x, context = torch.randn(B, 4, 16, 16, generator=torch.Generator().manual_seed(1)), torch.randn(B, 77, 64)
+    for changes, says in (({}, []), ({"cache_correction": 0.5}, [CORRECTION_FAMILY_NOTE])):
+        patch = tome_core.apply_settings(unet, ToMeSettings(ratio=0.0, cache=True, **changes))
+        try:
+            with torch.no_grad():
+                unet(x, torch.full((B,), 999.0), context=context)
+            assert [n for n in patch.report().cache.notes if "correction" in n] == says
+        finally:
+            tome_core.remove_patch(unet)
 
 
 def _denoiser_call(sigma: float, step: int, steps: int, sampler: str = "sample_euler", sigmas=None, churn=0.0):

@@ -126,7 +126,8 @@ def test_chaining_both_nodes_gives_merging_and_the_cache_as_cache_true_does(orde
     assert 0.5 < share < 1
     assert console()[-1] == (
         "ToMe: True, ToMe ratio: 0.4, ToMe seed: 1, ToMe cache: True, ToMe cache interval: 2, "
-        "ToMe cache forecast: auto, ToMe cache schedule: auto, ToMe cache steps: 3 full, 1 cached, "
+        "ToMe cache forecast: auto, ToMe cache schedule: auto, ToMe cache correction: 0.75, "
+        "ToMe cache steps: 3 full, 1 cached, "
         f"ToMe cache speed-up: {4 / (3 + (1 - share)):.2f}x"
     )
 

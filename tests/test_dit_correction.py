@@ -128,19 +128,41 @@ def test_the_run_and_its_section():
     runs = dit_correction.run(2, 6, subject.random(), lambda _: None, subject, (2,))
     assert list(runs) == ["N2"] and runs["N2"]["counts"]["cached"] == 2
     assert set(dit_correction.VARIANTS) <= set(runs["N2"])
-    libraries = [
-        {
-            "target": 2.0,
-            "ours": {"name": "N=3, order 2, gain 0.5", "psnr": [44.0, 43.0, 45.0], "speed": 2.38},
-            "library": {"name": "diffusers taylorseer", "psnr": 41.8, "speed": 2.22},
-            "ahead": [2.2, 1.5, 2.9],
-        }
-    ]
     text = dit_correction.section(
-        {"runs": runs, "libraries": libraries}, {"seeds": 2, "steps": 6, "seconds": 6.0, "model": "wan"}
+        {"runs": runs, "libraries": []}, {"seeds": 2, "steps": 6, "seconds": 6.0, "model": "wan"}
     )
     assert text.startswith("<!-- dit-correction-wan:begin -->") and "dit_correction --model wan" in text
-    assert "| 2 | 4 / 2 |" in text and "| 2× | 44.0 dB at 2.38× (N=3, order 2, gain 0.5) |" in text
+    assert "| 2 | 4 / 2 |" in text and "best library" not in text
+
+
+def test_against_the_libraries_the_default_and_the_best_gain_each_meet_the_best_library(monkeypatch):
+    """At each speed: the default gain (0.75) at its best interval that fast, the best variant, and the best library
+    run there, each difference paired by seed."""
+    runs = {
+        f"N{n}": {"interval": n, "speed": speed, "counts": {"full": 1, "cached": 1}, "ours": [0.0, 0.0]}
+        | {name: [base + k, base + k + 2] for k, name in enumerate(reversed(dit_correction.VARIANTS))}
+        for n, speed, base in ((2, 1.8, 50.0), (3, 2.4, 40.0), (4, 3.1, 30.0))
+    }
+    final = {
+        "slow": {"library": "cache-dit", "name": "slow", "psnr_per_seed": [60.0, 60.0], "psnr": 60.0, "speed": 1.9},
+        "fast": {"library": "diffusers", "name": "fast", "psnr_per_seed": [30.0, 31.0], "psnr": 30.5, "speed": 2.5},
+    }
+    monkeypatch.setattr(dit_correction, "load_run_data", lambda name: ({"final": final}, {"seeds": 2}))
+    rows = dit_correction.against_libraries(runs, SUBJECTS["flux"], 2)
+    assert [row["target"] for row in rows] == [2.0]  # nothing of either at 3x
+    (row,) = rows
+    assert row["library"]["name"] == "fast"  # the slow one is under 2x
+    # N=2 is under 2x; at N=3 the variants keep 40 + k (k = 0 for order 1, 1 for gain 0.5, 2 for 0.75, 3 for gain 1)
+    assert row["default"]["name"] == "N=3, order 2, gain 0.75" and row["default"]["psnr_per_seed"] == [42.0, 44.0]
+    assert row["ours"]["name"] == "N=3, order 2, gain 1"
+    assert row["default"]["ahead"][0] == pytest.approx(12.5) and row["ours"]["ahead"][0] == pytest.approx(13.5)
+    text = dit_correction.section(
+        {"runs": runs, "libraries": rows}, {"seeds": 2, "steps": 6, "seconds": 6.0, "model": "flux"}
+    )
+    assert (
+        "| 2× | 43.0 at 2.40× (N=3, order 2, gain 0.75) | +12.5 [" in text
+        and "44.0 at 2.40× (N=3, order 2, gain 1)" in text
+    )
 
 
 @pytest.mark.parametrize("interval", [2, 3])

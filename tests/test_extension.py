@@ -441,11 +441,27 @@ def test_sdxl_generation_merges_with_default_settings():
         harness.reset_webui()
 
 
-def test_with_the_cache_on_the_infotext_always_says_its_forecast_and_schedule():
+def test_with_the_cache_on_the_infotext_always_says_its_forecast_schedule_and_correction():
     on = R.infotext(S.ToMeSettings(enabled=True, cache=True), None)
     assert on["ToMe cache forecast"] == "auto" and on["ToMe cache schedule"] == "auto"
+    assert on["ToMe cache correction"] == 0.75
     off = R.infotext(S.ToMeSettings(enabled=True), None)
-    assert "ToMe cache forecast" not in off and "ToMe cache schedule" not in off
+    assert not {"ToMe cache forecast", "ToMe cache schedule", "ToMe cache correction"} & set(off)
+
+
+@pytest.mark.parametrize(
+    "pasted, correction",
+    [
+        ({"ToMe": "True", "ToMe cache": "True", "ToMe cache forecast": "auto"}, "0"),  # before 0.75 was the default
+        ({"ToMe": "True", "ToMe cache": "True", "ToMe cache correction": "1.0"}, "1.0"),
+        ({"ToMe": "True"}, "0.75"),  # no cache: the default
+    ],
+)
+def test_an_older_infotext_with_the_cache_and_no_correction_pastes_it_off(pasted, correction):
+    params = dict(pasted)
+    R.fill_pasted(params)
+    assert params["ToMe cache correction"] == correction
+    assert S.from_dict({"cache_correction": params["ToMe cache correction"]}).cache_correction == float(correction)
 
 
 @pytest.mark.parametrize(

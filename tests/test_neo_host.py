@@ -127,8 +127,8 @@ def test_the_cache_correction_acts_under_euler_on_neos_sigmas_and_stands_aside_u
     start_neo, neo_builders, family
 ):
     """``cache_correction`` (issue 36): Neo hands the model its sampler's sigmas, so under Euler the cached steps are
-    corrected (txt2img, and img2img, which runs their tail); under Heun it stays off, says so, and the image is the
-    uncorrected one."""
+    corrected (txt2img, and img2img, which runs their tail), at the default (0.75) and at a gain set by hand; under
+    Heun it stays off and the image is the uncorrected one: quietly at the default, with a note at 1."""
     model = unet_of(neo_builders[family])
     txt, img = start_neo(checkpoint=family)
     cache = {"ratio": 0.0, "cache": True, "cache_interval": 2, "cache_forecast": "linear", "cache_schedule": "uniform"}
@@ -137,14 +137,21 @@ def test_the_cache_correction_acts_under_euler_on_neos_sigmas_and_stands_aside_u
     image = Image.new("RGB", (64, 64), (120, 80, 40))
     for runner, kind in ((txt, {}), (img, {"img2img": True, "init_images": [image], "denoising_strength": 0.75})):
         steps = {"steps": 12} if kind else {"steps": 8}
-        ours, _ = generate(runner, tome_args(runner, **cache), [model], **kind, **steps)
+        ours, _ = generate(runner, tome_args(runner, **cache, cache_correction=0.0), [model], **kind, **steps)
+        default, _ = generate(runner, tome_args(runner, **cache), [model], **kind, **steps)
         fixed, _ = generate(runner, tome_args(runner, **cache, cache_correction=1.0), [model], **kind, **steps)
-        assert "ToMe cache correction: 1" in fixed.infotexts[0] and R.NOTE_KEY not in fixed.js()
-        assert "cached" in fixed.infotexts[0] and not identical(pixels(fixed), pixels(ours))
+        assert (
+            "ToMe cache correction: 0.75" in default.infotexts[0] and "ToMe cache correction: 1" in fixed.infotexts[0]
+        )
+        for corrected in (default, fixed):
+            assert R.NOTE_KEY not in corrected.js() and "cached" in corrected.infotexts[0]
+            assert not identical(pixels(corrected), pixels(ours))
     heun = {"sampler_name": "Heun", "steps": 8}
-    ours, _ = generate(txt, tome_args(txt, **cache), [model], **heun)
+    ours, _ = generate(txt, tome_args(txt, **cache, cache_correction=0.0), [model], **heun)
+    default, _ = generate(txt, tome_args(txt, **cache), [model], **heun)
     res, _ = generate(txt, tome_args(txt, **cache, cache_correction=1.0), [model], **heun)
     assert "cache correction off: the sampler is Heun; the correction is exact under Euler only" in res.js()
+    assert R.NOTE_KEY not in default.js() and identical(pixels(default), pixels(ours))
     assert identical(pixels(res), pixels(ours)) and untouched(model) and not errors.reported
 
 

@@ -87,11 +87,12 @@ class Run:
         return "; ".join(self.notes) if self.notes else None
 
 
-ALWAYS_WITH_CACHE = ("cache_forecast", "cache_schedule")
+ALWAYS_WITH_CACHE = ("cache_forecast", "cache_schedule", "cache_correction")
 """Written whenever the cache is on, default or not: their defaults changed once, so an image says what it ran."""
-EARLIER_CACHE = {"cache_schedule": "uniform"}
+EARLIER_CACHE = {"cache_schedule": "uniform", "cache_correction": "0"}
 """What an infotext with the cache on but without these keys ran (made before the keys were always written): the
-uniform schedule, and the forecast ``linear`` if it has ``ToMe cache steps`` (issue 23's version), else ``off``."""
+uniform schedule, no correction (off by default until issue 36 measured it), and the forecast ``linear`` if it has
+``ToMe cache steps`` (issue 23's version), else ``off``."""
 
 
 def records_seed(settings: ToMeSettings) -> bool:

@@ -34,6 +34,10 @@ import torch.nn.functional as F
 import benchmarks.lab.forecasters as forecasters
 from tome_core.caching import correction as cache_correction
 from tome_core.caching.forecast import Forecast
+from tome_core.settings import DEFAULTS
+
+DEFAULT = f"order 2, gain {DEFAULTS.cache_correction:g}"
+"""The study's variant that is the setting ``cache_correction`` at its default (0.75), as the runs name it."""
 
 
 def interpolate(fulls: list[tuple[float, torch.Tensor]], sigma: float, order: int) -> torch.Tensor:

@@ -1,7 +1,10 @@
 """Speed against fidelity on the trained FLUX-layout model (``python -m benchmarks.quality.dit_frontier``; issue 26's frontier
 plot): every mode of :mod:`benchmarks.quality.dit_fidelity`'s run (our cache, each other cache by family) and of
 :mod:`benchmarks.quality.dit_merge`'s (token merging, alone and with the cache), PSNR against plain's sample over the speed-up
-priced at FLUX.1's real width; the frontier (no other mode both faster and closer) dashed. Reads the runs only.
+priced at FLUX.1's real width; our cache at its defaults under Euler (:mod:`benchmarks.quality.dit_correction`'s
+run: the setting ``cache_correction`` at its default) and the real libraries' best runs
+(:mod:`benchmarks.quality.dit_libraries`' final runs, above 1.05×); the frontier (no other mode both faster and
+closer) dashed. Reads the runs only.
 
     python -m benchmarks.quality.dit_frontier         # writes benchmarks/dit-frontier.png
 """
@@ -11,11 +14,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.lab import dit
+from benchmarks.lab.correction import DEFAULT
 from benchmarks.lab.results import load_run_data
 
 PNG = Path(__file__).resolve().parents[1] / "dit-frontier.png"
 FAMILIES = {
-    "ours": ("ours: linear forecast (auto)", "tab:red"),
+    "ours-default": ("ours at its defaults, under Euler (+ cache correction 0.75)", "darkred"),
+    "ours": ("ours without the correction (other samplers; A1111, Forge)", "tab:red"),
     "ours-other": ("ours: other forecasts, schedules and starts (and FoCa's rule, a study)", "salmon"),
     "fbcache": ("First Block Cache", "tab:purple"),
     "teacache": ("TeaCache", "tab:pink"),
@@ -25,6 +30,7 @@ FAMILIES = {
     "easycache": ("EasyCache", "tab:olive"),
     "lazycache": ("LazyCache", "tab:cyan"),
     "merge": ("token merging (± the cache)", "tab:blue"),
+    "libraries": ("the real libraries (cache-dit, diffusers): each one's best runs", "black"),
 }
 
 
@@ -44,6 +50,12 @@ def points() -> list[tuple[str, str, float, float]]:
             family, label = name.split("-")[0], ""
             speed = sum(row["speeds"]) / len(row["speeds"])
         out.append((family, label, speed, row["psnr"][0]))
+    corrected, _ = load_run_data("dit-correction")
+    for row in corrected["runs"].values():
+        psnr = row[DEFAULT]
+        out.append(("ours-default", f"N={row['interval']}", row["speed"], sum(psnr) / len(psnr)))
+    libraries, _ = load_run_data("dit-libraries")
+    out += [("libraries", "", row["speed"], row["psnr"]) for row in libraries["final"].values() if row["speed"] > 1.05]
     merged, _ = load_run_data("dit-merge")
     prices = dit.Prices(**merged["prices"])
     for row in merged["fidelity"].values():
@@ -66,7 +78,7 @@ def plot(path: Path = PNG) -> None:
         if mine:
             ax.scatter([p[2] for p in mine], [p[3] for p in mine], color=colour, s=20, label=label)
     for family, label, speed, psnr in pts:
-        if label and family in ("ours", "merge"):
+        if label and family in ("ours-default", "ours", "merge"):
             ax.annotate(label, (speed, psnr), fontsize=6)
     front = sorted((p for p in pts if not any(o[2] >= p[2] and o[3] > p[3] for o in pts)), key=lambda p: p[2])
     ax.plot([p[2] for p in front], [p[3] for p in front], color="gray", lw=0.8, ls="--")

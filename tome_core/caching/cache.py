@@ -20,9 +20,10 @@ are full, and so is any step outside ``cache_start <= progress < cache_end``; in
 N, 2N, …), or N average steps of sampler time (the time schedule), or, with the adaptive schedule, the call's input
 strays from its forecast by more than ``cache_threshold``. A cached step takes the skipped range's result of the
 stream's last full step (``cache_forecast`` off: DeepCache exactly) or its forecast in the sampler's time from the
-last two full steps (linear, or calibrated on the probe); with ``cache_correction``, under the Euler sampler whose
-schedule the host gives (:meth:`StepCache.set_euler`), each full step's output also carries what the cached steps
-since the last one should have added, re-estimated from the full steps around them (:mod:`.correction`).
+last two full steps (linear, or calibrated on the probe); with ``cache_correction`` (on by default), under the Euler
+sampler whose schedule the host gives (:meth:`StepCache.set_euler`), each full step's output also carries what the
+cached steps since the last one should have added, re-estimated from the full steps around them (:mod:`.correction`);
+where it cannot act it stays off, with a note unless it is at its default.
 
 Streams: the calls of a step are told apart by their number within the step (under ComfyUI's context windows, also
 by the frames the call covers) and Forge's ``cond_or_uncond`` chunk (cond and uncond batched, or separate calls, or extra guidance passes), and each keeps its own
@@ -48,7 +49,7 @@ from torch import nn
 from ..compiling import python_only_hook
 from ..families import Layout, PassState
 from ..report import CacheReport, PassCount
-from ..settings import ToMeSettings
+from ..settings import DEFAULTS, ToMeSettings
 from ..steps import Call
 from .correction import Correction
 from .forecast import Forecast
@@ -140,9 +141,12 @@ class StepCache:
         self._correcting = self.settings.cache_correction > 0 and self.layout is not None and self.layout.corrects
         self._sigmas: list[float] | None = None  # the Euler sampler's schedule (:meth:`set_euler`)
         self._no_euler = "the host gives no Euler sampler's schedule (Session.set_euler)"
+        self._says_why_uncorrected = self.settings.cache_correction not in (0, DEFAULTS.cache_correction)
+        """Whether the correction's standing aside is said (a note): for a gain set by hand, not at the default, which
+        corrects wherever it is exact and stays quiet elsewhere (UNets, other samplers, hosts without the schedule)."""
         if self.layout is None:
             self._notes.append("step cache off: the cache does not know this model's blocks")
-        elif self.settings.cache_correction > 0 and not self.layout.corrects:
+        elif self._says_why_uncorrected and not self.layout.corrects:
             self._notes.append(CORRECTION_FAMILY_NOTE)
 
     @property
@@ -216,12 +220,13 @@ class StepCache:
 
     def _euler_step(self, call: Call | None) -> int | None:
         """The index of ``call``'s step in the Euler schedule, where the correction acts on it; else None (with a
-        note where it would have)."""
+        note where it would have, for a gain set by hand)."""
         if not self._correcting or call is None:
             return None
         sigmas = self._sigmas
         if sigmas is None or call.steps is None or call.progress is None or len(sigmas) != call.steps + 1:
-            self._note(f"cache correction off: {self._no_euler}")
+            if self._says_why_uncorrected:
+                self._note(f"cache correction off: {self._no_euler}")
             return None
         return min(round(call.progress * call.steps), call.steps - 1)
 
