@@ -107,7 +107,7 @@ def test_the_few_steps_run_compares_the_cache_with_fewer_plain_steps(model):
     assert list(results) == ["4-2", "4-3"]
     assert results["4-2"]["full"] == 3 and results["4-3"]["full"] == 2  # steps 0, 2, 3 and 0, 3 of 4
     text = dit_steps.section(results, {"seeds": 2, "seconds": 1.0})
-    assert text.startswith(dit_steps.BEGIN) and "| 4 | 3 | 2 |" in text
+    assert text.startswith(dit_steps.BEGIN) and "| 4 | 3 | 2 |" in text and "corrected (0.75)" in text
     assert dit_steps.loses({"gain": [-1.0, -1.5, -0.2]}) and not dit_steps.loses({"gain": [-1.0, -2.0, 0.1]})
 
 

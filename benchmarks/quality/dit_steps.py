@@ -20,10 +20,16 @@ import time
 import torch
 
 from benchmarks.lab import dit
+from benchmarks.lab.correction import DeferredCorrection
 from benchmarks.lab.results import command, run_command
 from benchmarks.lab.subjects import SUBJECTS, Subject, add_model_option, of_run, section_of
 from benchmarks.lab.trained.metrics import Estimate, bootstrap, psnr_ssim
 from tome_core.caching.schedule import too_short
+from tome_core.settings import DEFAULTS
+
+GAIN = DEFAULTS.cache_correction
+"""The correction's gain, ``cache_correction``'s default, run as its study (:mod:`benchmarks.lab.correction`, order 2:
+the setting on FLUX's layout, to float rounding; on diffusers' Wan, where the setting stands aside, its re-creation)."""
 
 COMMAND = "dit-steps"
 _, BEGIN, END = SUBJECTS["flux"].markers(COMMAND)
@@ -52,10 +58,15 @@ def run(seeds: int, counts: tuple[int, ...], model, log, subject: Subject = SUBJ
             samples, kinds = dit.sample(model, noise, labels, steps, mode, short_passes=True)
             row = {"steps": steps, "interval": n, "full": kinds["full"]}
             psnr = {}
-            for name, image in (("cache", samples), ("fewer", fewer(kinds["full"]))):
+            for name, image in (
+                ("cache", samples),
+                ("corrected", dit.sample(model, noise, labels, steps, mode, True, DeferredCorrection(2, GAIN))[0]),
+                ("fewer", fewer(kinds["full"])),
+            ):
                 psnr[name], ssim = psnr_ssim(image, reference)
                 row[name] = {"psnr": bootstrap(psnr[name]).to_json(), "ssim": bootstrap(ssim).to_json()}
             row["gain"] = bootstrap(psnr["cache"] - psnr["fewer"]).to_json()  # paired by seed
+            row["corrected gain"] = bootstrap(psnr["corrected"] - psnr["fewer"]).to_json()
             out[f"{steps}-{n}"] = row
             log(
                 f"{steps} steps, N={n}: {kinds}, cache {row['cache']['psnr'][0]:.1f} dB, fewer {row['fewer']['psnr'][0]:.1f} dB"
@@ -63,9 +74,10 @@ def run(seeds: int, counts: tuple[int, ...], model, log, subject: Subject = SUBJ
     return out
 
 
-def loses(row: dict) -> bool:
-    """Whether the cache is below plain with its count of full steps: the paired gain's whole interval below 0."""
-    return Estimate.from_json(row["gain"]).high < 0
+def loses(row: dict, gain: str = "gain") -> bool:
+    """Whether the cache (``gain``: or, "corrected gain", the cache at its defaults under Euler, corrected) is below
+    plain with its count of full steps: the paired gain's whole interval below 0."""
+    return Estimate.from_json(row[gain]).high < 0
 
 
 def section(data_: dict, meta: dict) -> str:
@@ -78,23 +90,24 @@ def section(data_: dict, meta: dict) -> str:
         f"{subject.heading}, {meta['seeds']} seeds, flow-matching Euler on {subject.schedule}, CFG "
         f"{dit.CFG:g}; {meta['seconds'] / 60:.0f} min (1 torch thread). At each step count, PSNR (dB, mean "
         "[bootstrap 95 %]) against plain with that many steps: our cache (`auto`: linear forecast, uniform schedule) "
-        "at N, and plain run with only the cached pass's full steps (about the same cost); the cache's gain over "
-        "those fewer steps, paired by seed; and what the cache does there now (`tome_core.caching.schedule.too_short`: it "
+        "at N without and with `cache_correction` at its default (0.75, which acts under this Euler sampler; its study, "
+        "`benchmarks.lab.correction`, on the Wan layout), and plain "
+        "run with only the cached pass's full steps (about the same cost); each one's gain over those fewer steps, "
+        "paired by seed; and what the cache does there now (`tome_core.caching.schedule.too_short`: it "
         "stands aside on a pass of at most N + 2 steps, whose cached steps could only reuse its first full step).",
         "",
-        "| steps | N | full steps | cache | plain with the full steps' count | gain | the cache | now |",
-        "|---:|---:|---:|---|---|---|---|---|",
+        "| steps | N | full steps | cache | corrected (0.75) | plain with the full steps' count | gain | gain "
+        "corrected | the cache | corrected | now |",
+        "|---:|---:|---:|---|---|---|---|---|---|---|---|",
     ]
     for row in data_.values():
-        verdict = "loses to fewer steps" if loses(row) else "holds"
         cells = [
             str(row["steps"]),
             str(row["interval"]),
             str(row["full"]),
-            Estimate.from_json(row["cache"]["psnr"]).cell(".1f"),
-            Estimate.from_json(row["fewer"]["psnr"]).cell(".1f"),
-            Estimate.from_json(row["gain"]).cell("+.1f"),
-            verdict,
+            *(Estimate.from_json(row[name]["psnr"]).cell(".1f") for name in ("cache", "corrected", "fewer")),
+            *(Estimate.from_json(row[gain]).cell("+.1f") for gain in ("gain", "corrected gain")),
+            *("loses to fewer steps" if loses(row, gain) else "holds" for gain in ("gain", "corrected gain")),
             "stands aside"
             if too_short(dit.Mode("", "linear", "uniform", row["interval"]).settings(), row["steps"])
             else "caches",
