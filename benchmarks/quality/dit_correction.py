@@ -8,8 +8,8 @@ difference (gain 1), three quarters or half of it (0.75, 0.5), and the line (ord
 
 PSNR against plain's sample (mean [bootstrap 95 %]) and the paired difference from the uncorrected pass; then the
 corrected pass against the best real-library run at 2×, 3× and 4× (``dit_libraries``' saved run, the same seeds,
-paired), for the setting at its default (gain 0.75) and for the best variant. The correction runs the output layer once more per cached step, at the next full step: not priced (an output
-layer is well under a block's work).
+paired), for the setting at its default (gain 0.75) and for the best variant. The correction runs the output layer
+once more per cached step, at the next full step: not priced (an output layer is well under a block's work).
 
     python -m benchmarks.quality.dit_correction              # 64 seeds, 20 steps; writes its RESULTS.md section
     python -m benchmarks.quality.dit_correction --quick      # 2 seeds, 8 steps, untrained weights: prints only
