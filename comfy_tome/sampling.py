@@ -34,7 +34,7 @@ from torch import nn
 from tome_core import compiling
 from tome_core import run as R
 from tome_core import settings as S
-from tome_core.caching.correction import output_is_direction
+from tome_core.caching.correction import why_not_euler
 from tome_core.families import has_transformer_blocks, layout_for
 from tome_core.session import Session, apply_settings, find_unet
 from tome_core.settings import SettingsError, ToMeSettings
@@ -196,11 +196,9 @@ def euler_schedule(executor: Any, model: Any, sigmas: Any) -> tuple[list[float] 
     sampler = getattr(executor, "class_obj", None)
     function = getattr(sampler, "sampler_function", None)
     name = str(getattr(function, "__name__", type(sampler).__name__)).removeprefix("sample_")
-    if name != "euler" or float((getattr(sampler, "extra_options", None) or {}).get("s_churn", 0.0)) > 0:
-        return None, f"the sampler is {name}; the correction is exact under euler only"
-    if not output_is_direction(getattr(model, "model_sampling", None)):
-        return None, "this model's output is not euler's direction (v-prediction or EDM)"
-    return [float(s) for s in sigmas], None
+    churn = float((getattr(sampler, "extra_options", None) or {}).get("s_churn", 0.0))
+    why_not = why_not_euler(name, name == "euler", churn, getattr(model, "model_sampling", None), word="euler")
+    return (None, why_not) if why_not else ([float(s) for s in sigmas], None)
 
 
 COMPILED_RECOMPILE_LIMIT = 64

@@ -16,7 +16,7 @@ from typing import Any
 from torch import nn
 
 from tome_core import settings as S
-from tome_core.caching.correction import output_is_direction
+from tome_core.caching.correction import why_not_euler
 from tome_core.report import PassCount
 from tome_core.session import Session, apply_settings, find_unet, get_patch, remove_patch
 from tome_core.settings import SettingsError, ToMeSettings
@@ -64,10 +64,11 @@ def euler_schedule(params: Any) -> tuple[list[float] | None, str | None]:
     denoiser = getattr(params, "denoiser", None)
     sampler, p = getattr(denoiser, "sampler", None), getattr(denoiser, "p", None)
     name = str(getattr(getattr(sampler, "func", None), "__name__", getattr(p, "sampler_name", "unknown")))
-    if name != "sample_euler" or float(getattr(p, "s_churn", 0.0) or 0.0) > 0:
-        return None, f"the sampler is {getattr(p, 'sampler_name', name)}; the correction is exact under Euler only"
-    if not output_is_direction(getattr(getattr(sampler, "model_wrap", None), "predictor", None)):
-        return None, "this model's output is not Euler's direction (v-prediction or EDM)"
+    predictor = getattr(getattr(sampler, "model_wrap", None), "predictor", None)
+    churn = float(getattr(p, "s_churn", 0.0) or 0.0)
+    why_not = why_not_euler(getattr(p, "sampler_name", name), name == "sample_euler", churn, predictor)
+    if why_not:
+        return None, why_not
     unet = getattr(getattr(getattr(p, "sd_model", None), "forge_objects", None), "unet", None)
     options = getattr(unet, "model_options", {}).get("transformer_options", {})
     sigmas, sigma = options.get("sampling_sigmas"), getattr(params, "sigma", None)

@@ -119,3 +119,14 @@ def output_is_direction(prediction: Any) -> bool:
         return bool(torch.allclose(scale, -sigma.view(1, 1, 1, 1)) and torch.allclose(skip, ones))
     except Exception:  # another interface: not known to be one
         return False
+
+
+def why_not_euler(sampler: str, euler: bool, churn: float, prediction: Any, word: str = "Euler") -> str | None:
+    """Why the correction cannot act on a host's sampling, or None where it can: the host's ``sampler`` (its name as
+    the host shows it) is the first-order Euler (``euler``) without ``churn``, and its ``prediction`` makes the
+    model's output Euler's direction (:func:`output_is_direction`). ``word``: how the host writes Euler."""
+    if not euler or churn > 0:
+        return f"the sampler is {sampler}; the correction is exact under {word} only"
+    if not output_is_direction(prediction):
+        return f"this model's output is not {word}'s direction (v-prediction or EDM)"
+    return None
