@@ -4,6 +4,7 @@ settings record, the root ``__init__.py`` beside the WebUI extension, and the ex
 from __future__ import annotations
 
 import json
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -69,8 +70,7 @@ def test_a_workflow_naming_only_the_model_takes_the_records_defaults():
 
 
 def test_the_root_init_hands_the_mappings_on_and_importing_the_nodes_needs_no_comfy():
-    spec_globals: dict = {"__file__": str(ROOT / "__init__.py"), "__name__": "custom_nodes.tome"}
-    exec(compile((ROOT / "__init__.py").read_text(), "__init__.py", "exec"), spec_globals)
+    spec_globals = runpy.run_path(str(ROOT / "__init__.py"), run_name="custom_nodes.tome")
     public = {k for k in spec_globals if not k.startswith("_")} - {"os", "sys"}
     assert public == {"NODE_CLASS_MAPPINGS", "NODE_DISPLAY_NAME_MAPPINGS"}
     assert spec_globals["NODE_CLASS_MAPPINGS"] is comfy_tome.NODE_CLASS_MAPPINGS

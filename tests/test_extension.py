@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+import runpy
 from contextlib import closing
 from pathlib import Path
 
@@ -99,7 +100,7 @@ def test_install_py_installs_nothing(monkeypatch, capsys):
     launch.is_installed = lambda name: calls.append(("is_installed", name)) or True
     monkeypatch.setitem(sys.modules, "launch", launch)
     source = (ROOT / "install.py").read_text()
-    exec(compile(source, "install.py", "exec"), {"__name__": "__main__"})
+    runpy.run_path(str(ROOT / "install.py"), run_name="__main__")
     assert calls == [] and capsys.readouterr().out == ""
     assert "import launch" not in source and "pip" not in source.replace("pip install", "")
 
@@ -328,6 +329,27 @@ def test_api_missing_keys_take_defaults(webui, sd_model):
     finally:
         spy.close()
     assert spy.calls[0] == S.DEFAULTS.replace(enabled=True, seed=5)
+
+
+def test_api_cache_correction_is_accepted_and_named_where_it_cannot_act(webui, sd_model):
+    """A1111's models are UNets: *Cache correction* is hidden in its accordion (tests/test_ui.py), and a value given
+    through the API (list or dict) still runs, with a ``ToMe note`` saying why it does nothing; the default is quiet
+    (issue 54)."""
+    txt, _ = webui
+    given = {"enabled": True, "ratio": 0.0, "cache": True, "cache_correction": 0.5}
+    spy = Spy(sd_model.model.diffusion_model)
+    try:
+        answers = [
+            _api(txt, args, steps=6)
+            for args in (S.to_args(S.from_dict(given)), [given], [{**given, "cache_correction": 0.75}])
+        ]
+    finally:
+        spy.close()
+    listed, as_dict, default = (json.loads(a["info"])["infotexts"][0] for a in answers)
+    note = "cache correction off: it acts on diffusion transformers whose output layer runs as one module"
+    assert note in listed and listed == as_dict and R.ERROR_KEY not in listed and "ToMe cache correction: 0.5" in listed
+    assert R.NOTE_KEY not in default and 'ToMe cache steps: "' in default
+    assert spy.calls and all(s is not None and s.cache for s in spy.calls) and tome_core.get_patch(sd_model) is None
 
 
 # --- infotext ---------------------------------------------------------------------------------------

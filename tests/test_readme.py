@@ -4,6 +4,7 @@ tables copied from RESULTS.md, the README's length, its figures' sources and eve
 from __future__ import annotations
 
 import re
+import runpy
 from pathlib import Path
 
 import pytest
@@ -51,15 +52,16 @@ def test_api_order_and_controls_tables_match_the_settings_record():
     assert "| default | range |" in full.splitlines()[0]
 
 
-def test_core_example_runs():
+def test_core_example_runs(tmp_path):
     text = _doc("python-api.md")
     code = text[text.index("```python\nimport torch\nimport tome_core") + len("```python\n") :]
     code = code[: code.index("```")]
     # the same code at test size: narrower and smaller latents
     code = code.replace("model_channels=320", "model_channels=32").replace("context_dim=768", "context_dim=64")
     code = code.replace("128, 128", "16, 16").replace("77, 768", "7, 64").replace("num_heads=8", "num_heads=4")
-    scope: dict = {}
-    exec(compile(code, "docs/python-api.md", "exec"), scope)
+    example = tmp_path / "python_api_example.py"
+    example.write_text(code)
+    scope = runpy.run_path(str(example))
     assert scope["eps"].shape == (2, 4, 16, 16)
     assert scope["tome_core"].get_patch(scope["unet"]) is None
 
