@@ -86,9 +86,19 @@ class Graph:
     def input_slot(self, node_id: int, name: str) -> int:
         return next(i for i, x in enumerate(self.nodes[node_id]["inputs"]) if x["name"] == name)
 
-    def add(self, node_type: str, pos: list[float], widgets: list[Any], *, size: list[float] | None = None,
-            inputs_: list[dict] | None = None, outputs: list[dict] | None = None, title: str | None = None,
-            mode: int = 0, extra: dict | None = None) -> int:
+    def add(
+        self,
+        node_type: str,
+        pos: list[float],
+        widgets: list[Any],
+        *,
+        size: list[float] | None = None,
+        inputs_: list[dict] | None = None,
+        outputs: list[dict] | None = None,
+        title: str | None = None,
+        mode: int = 0,
+        extra: dict | None = None,
+    ) -> int:
         node_id = self.d["last_node_id"] = self.d["last_node_id"] + 1
         node = {
             "id": node_id,
@@ -109,8 +119,9 @@ class Graph:
         self.nodes[node_id] = node
         return node_id
 
-    def tome(self, node_type: str, source: int, targets: list[int], pos: list[float], mode: int = 0,
-             **settings: Any) -> int:
+    def tome(
+        self, node_type: str, source: int, targets: list[int], pos: list[float], mode: int = 0, **settings: Any
+    ) -> int:
         """Our node on the MODEL path: fed by ``source``'s MODEL output, feeding the ``model`` input of ``targets``."""
         node_id = self.add(
             node_type,
@@ -129,8 +140,14 @@ class Graph:
         return node_id
 
     def note(self, text: str, pos: list[float], size: list[float] | None = None) -> int:
-        return self.add("Note", pos, [text], size=size or [420, 260], title="ToMe: what the nodes do here",
-                        extra={"color": "#432", "bgcolor": "#653"})
+        return self.add(
+            "Note",
+            pos,
+            [text],
+            size=size or [420, 260],
+            title="ToMe: what the nodes do here",
+            extra={"color": "#432", "bgcolor": "#653"},
+        )
 
     def set_widget_literal(self, node_id: int, name: str) -> None:
         """A widget input fed by a primitive or a subgraph input becomes a plain widget again."""
@@ -151,7 +168,9 @@ def flatten(outer: dict[str, Any], instance: int, keep_outer: list[int]) -> Grap
     subgraph's outputs feed what the instance fed."""
     node = next(n for n in outer["nodes"] if n["id"] == instance)
     sub = next(s for s in outer["definitions"]["subgraphs"] if s["id"] == node["type"])
-    links = [[x["id"], x["origin_id"], x["origin_slot"], x["target_id"], x["target_slot"], x["type"]] for x in sub["links"]]
+    links = [
+        [x["id"], x["origin_id"], x["origin_slot"], x["target_id"], x["target_slot"], x["type"]] for x in sub["links"]
+    ]
     nodes = copy.deepcopy(sub["nodes"]) + [copy.deepcopy(n) for n in outer["nodes"] if n["id"] in keep_outer]
     outer_links = [link for link in outer["links"] if link[1] == instance and link[3] in keep_outer]
     data = {
@@ -200,8 +219,11 @@ def sdxl_hires(templates: Callable[[str], dict]) -> dict[str, Any]:
     g = Graph(templates("sdxl_simple_example"))
     positive, negative = g.node(51)["widgets_values"][0], g.node(50)["widgets_values"][0]
     g.remove(45, 47, 48, 40, 11, 12, 15, 16, 37, 43, 51, 50, 52)
-    g.d["groups"] = [x for x in g.d["groups"] if x["title"] not in ("Refiner Prompt", "Load in REFINER SDXL Model",
-                                                                       "Step Control", "Refiner", "Text Prompts")]
+    g.d["groups"] = [
+        x
+        for x in g.d["groups"]
+        if x["title"] not in ("Refiner Prompt", "Load in REFINER SDXL Model", "Step Control", "Refiner", "Text Prompts")
+    ]
     for node_id, text in ((6, positive), (7, negative)):
         g.set_widget_literal(node_id, "text")
         g.node(node_id)["inputs"] = [x for x in g.node(node_id)["inputs"] if x["name"] != "text"]
@@ -217,14 +239,33 @@ def sdxl_hires(templates: Callable[[str], dict]) -> dict[str, Any]:
     ks_out = [{"name": "LATENT", "type": "LATENT", "links": [], "slot_index": 0}]
     base_pos = g.node(10)["pos"]
     g.remove(10)
-    base = g.add("KSampler", [base_pos[0] + 400, base_pos[1]], sampler["widgets"](1.0), size=[315, 262],
-                 inputs_=copy.deepcopy(ks_inputs), outputs=copy.deepcopy(ks_out), title="KSampler - BASE (1024 px)")
-    upscale = g.add("LatentUpscaleBy", [base_pos[0] + 400, base_pos[1] + 320], ["nearest-exact", 1.5],
-                    size=[315, 82], inputs_=[{"name": "samples", "type": "LATENT", "link": None}],
-                    outputs=[{"name": "LATENT", "type": "LATENT", "links": [], "slot_index": 0}],
-                    title="Upscale Latent By (hires fix)")
-    hires = g.add("KSampler", [base_pos[0] + 400, base_pos[1] + 460], sampler["widgets"](0.5), size=[315, 262],
-                  inputs_=copy.deepcopy(ks_inputs), outputs=copy.deepcopy(ks_out), title="KSampler - HIRES (1536 px)")
+    base = g.add(
+        "KSampler",
+        [base_pos[0] + 400, base_pos[1]],
+        sampler["widgets"](1.0),
+        size=[315, 262],
+        inputs_=copy.deepcopy(ks_inputs),
+        outputs=copy.deepcopy(ks_out),
+        title="KSampler - BASE (1024 px)",
+    )
+    upscale = g.add(
+        "LatentUpscaleBy",
+        [base_pos[0] + 400, base_pos[1] + 320],
+        ["nearest-exact", 1.5],
+        size=[315, 82],
+        inputs_=[{"name": "samples", "type": "LATENT", "link": None}],
+        outputs=[{"name": "LATENT", "type": "LATENT", "links": [], "slot_index": 0}],
+        title="Upscale Latent By (hires fix)",
+    )
+    hires = g.add(
+        "KSampler",
+        [base_pos[0] + 400, base_pos[1] + 460],
+        sampler["widgets"](0.5),
+        size=[315, 262],
+        inputs_=copy.deepcopy(ks_inputs),
+        outputs=copy.deepcopy(ks_out),
+        title="KSampler - HIRES (1536 px)",
+    )
     g.connect(6, 0, base, 1)
     g.connect(7, 0, base, 2)
     g.connect(5, 0, base, 3)
@@ -234,7 +275,10 @@ def sdxl_hires(templates: Callable[[str], dict]) -> dict[str, Any]:
     g.connect(upscale, 0, hires, 3)
     g.connect(hires, 0, 17, 0)
     g.connect(4, 2, 17, 1)
-    g.node(17)["pos"], g.node(41)["pos"] = [base_pos[0] + 780, base_pos[1] + 460], [base_pos[0] + 780, base_pos[1] + 560]
+    g.node(17)["pos"], g.node(41)["pos"] = (
+        [base_pos[0] + 780, base_pos[1] + 460],
+        [base_pos[0] + 780, base_pos[1] + 560],
+    )
     g.node(19)["pos"] = [base_pos[0] + 1120, base_pos[1]]
     g.tome("ToMeStepCache", 4, [base], [base_pos[0], base_pos[1] - 320])
     merge = g.tome("ToMe", 4, [], [base_pos[0], base_pos[1] + 20])
@@ -256,9 +300,12 @@ def flux_dev(templates: Callable[[str], dict]) -> dict[str, Any]:
     20 steps): the step cache between the loader and the KSampler."""
     g = Graph(templates("flux_dev_full_text_to_image"))
     g.tome("ToMeStepCache", 38, [31], [-320, 800])
-    g.note(NOTE_CACHE.format(first="the first double block") + " On FLUX under euler the default cache_correction "
-           "also re-estimates the cached steps at the next full step. Token merging (the ToMe node) acts in UNets "
-           "only, so FLUX gets the step cache alone." + NOTE_CONSOLE, [-910, 500])
+    g.note(
+        NOTE_CACHE.format(first="the first double block") + " On FLUX under euler the default cache_correction "
+        "also re-estimates the cached steps at the next full step. Token merging (the ToMe node) acts in UNets "
+        "only, so FLUX gets the step cache alone." + NOTE_CONSOLE,
+        [-910, 500],
+    )
     return g.done()
 
 
@@ -267,8 +314,11 @@ def wan21_t2v(templates: Callable[[str], dict]) -> dict[str, Any]:
     ModelSamplingSD3 and the KSampler."""
     g = Graph(templates("text_to_video_wan"))
     g.tome("ToMeStepCache", 48, [3], [770, -300])
-    g.note(NOTE_CACHE.format(first="the first transformer block") + " Under uni_pc (a multistep sampler) the "
-           "correction, which needs euler, stands aside; the forecast still acts." + NOTE_CONSOLE, [310, -300])
+    g.note(
+        NOTE_CACHE.format(first="the first transformer block") + " Under uni_pc (a multistep sampler) the "
+        "correction, which needs euler, stands aside; the forecast still acts." + NOTE_CONSOLE,
+        [310, -300],
+    )
     return g.done()
 
 
@@ -285,15 +335,20 @@ def wan22_two_experts(templates: Callable[[str], dict]) -> dict[str, Any]:
     g.d["groups"] = [x for x in g.d["groups"] if x["bounding"][1] > 700]
     for node in g.d["nodes"]:
         node["mode"] = 0
+    g.node(62)["pos"], g.node(64)["pos"] = [-520, 860], [-520, 1430]  # the model notes beside this group
     high = _expert(g, 96)
     low = _expert(g, 95)
-    g.tome("ToMeStepCache", high, [96], [660, 1620])
-    g.tome("ToMeStepCache", low, [95], [1020, 1620])
-    g.note("ToMe on Wan 2.2's two experts: each expert model gets its own ToMeStepCache, so each pass (the "
-           "high-noise expert's steps 0-10, the low-noise expert's 10-20) starts its own cache: every 3rd step of the "
-           "pass runs the whole model, the steps between only the first transformer block, the rest forecast from the "
-           "last two full steps; under euler the default cache_correction re-estimates cached steps too." + NOTE_CONSOLE
-           + " (one line per expert)", [200, 1620])
+    g.tome("ToMeStepCache", high, [96], [660, 1800])
+    g.tome("ToMeStepCache", low, [95], [1020, 1800])
+    g.note(
+        "ToMe on Wan 2.2's two experts: each expert model gets its own ToMeStepCache, so each pass (the "
+        "high-noise expert's steps 0-10, the low-noise expert's 10-20) starts its own cache: every 3rd step of the "
+        "pass runs the whole model, the steps between only the first transformer block, the rest forecast from the "
+        "last two full steps; under euler the default cache_correction re-estimates cached steps too."
+        + NOTE_CONSOLE
+        + " (one line per expert)",
+        [200, 1800],
+    )
     return g.done()
 
 
@@ -303,14 +358,17 @@ def wan22_lightx2v(templates: Callable[[str], dict]) -> dict[str, Any]:
     g = Graph(templates("video_wan2_2_14B_t2v"))
     g.remove(*WAN22_PLAIN, 110)
     g.d["groups"] = [x for x in g.d["groups"] if x["bounding"][1] < 700]
-    g.tome("ToMeStepCache", 82, [81], [990, 100])
-    g.tome("ToMeStepCache", 86, [78], [1350, 100])
-    g.note("ToMe with the lightx2v 4-step LoRA: each expert runs 2 steps here, too few for the step cache to "
-           "forecast (it needs cache_interval + 3 steps a pass: 6 at the default 3), so each ToMeStepCache stands "
-           "aside and the experts run every step in full. The console says so: 'ToMe cache steps: 2 full, 0 cached' "
-           "and 'ToMe note: step cache off: 2 steps are too few to forecast at cache_interval 3 (from 6)', once per "
-           "expert. The nodes are wired in so that the same graph caches when you raise the steps (e.g. the plain "
-           "20-step two-expert workflow).", [1700, 100])
+    g.tome("ToMeStepCache", 82, [81], [990, 620])
+    g.tome("ToMeStepCache", 86, [78], [1350, 620])
+    g.note(
+        "ToMe with the lightx2v 4-step LoRA: each expert runs 2 steps here, too few for the step cache to "
+        "forecast (it needs cache_interval + 3 steps a pass: 6 at the default 3), so each ToMeStepCache stands "
+        "aside and the experts run every step in full. The console says so: 'ToMe cache steps: 2 full, 0 cached' "
+        "and 'ToMe note: step cache off: 2 steps are too few to forecast at cache_interval 3 (from 6)', once per "
+        "expert. The nodes are wired in so that the same graph caches when you raise the steps (e.g. the plain "
+        "20-step two-expert workflow).",
+        [1700, 620],
+    )
     return g.done()
 
 
@@ -332,10 +390,14 @@ def qwen_image(templates: Callable[[str], dict]) -> dict[str, Any]:
     g.node(6)["widgets_values"] = [prompt]
     ks = g.node(3)["widgets_values"]
     ks[2], ks[3] = 20, 2.5
-    g.tome("ToMeStepCache", 66, [3], [g.node(3)["pos"][0], g.node(3)["pos"][1] - 300])
-    g.note(NOTE_CACHE.format(first="the first transformer block") + " On Qwen-Image under euler the default "
-           "cache_correction also re-estimates cached steps. The template's Lightning LoRA (8 steps) is left out: "
-           "this is the 20-step graph." + NOTE_CONSOLE, [g.node(3)["pos"][0] - 460, g.node(3)["pos"][1] - 300])
+    g.node(60)["pos"] = [1130, 10]
+    g.tome("ToMeStepCache", 66, [3], [560, -300])
+    g.note(
+        NOTE_CACHE.format(first="the first transformer block") + " On Qwen-Image under euler the default "
+        "cache_correction also re-estimates cached steps. The template's Lightning LoRA (8 steps) is left out: "
+        "this is the 20-step graph." + NOTE_CONSOLE,
+        [100, -300],
+    )
     return g.done()
 
 
@@ -349,14 +411,17 @@ def z_image_turbo(templates: Callable[[str], dict]) -> dict[str, Any]:
     g.node(27)["widgets_values"] = [prompt]
     ks = g.node(3)["widgets_values"]
     ks[1], ks[2] = "fixed", 8
-    g.tome("ToMeStepCache", 11, [3], [g.node(3)["pos"][0], g.node(3)["pos"][1] - 300], mode=4)
-    g.note("ToMe on Z-Image-Turbo: the ToMeStepCache node is in place but bypassed (purple; Ctrl+B toggles it). "
-           "Turbo samples 8 steps; at the default cache_interval 3 the cache would run 4 of them in full and forecast "
-           "4, and on the model measured (docs/transformers.md) caching 6- and 8-step passes came out further from "
-           "the plain image than simply running fewer steps. So no 'ToMe cache steps' line appears here. Turn the "
-           "node on when you sample 12 steps or more (there it keeps +3.5 dB and more over running only the full "
-           "steps); below cache_interval + 3 steps it stands aside by itself and says so in a 'ToMe note'.",
-           [g.node(3)["pos"][0] - 460, g.node(3)["pos"][1] - 300])
+    g.node(9)["pos"] = [1460, -110]
+    g.tome("ToMeStepCache", 11, [3], [880, -330], mode=4)
+    g.note(
+        "ToMe on Z-Image-Turbo: the ToMeStepCache node is in place but bypassed (purple; Ctrl+B toggles it). "
+        "Turbo samples 8 steps; at the default cache_interval 3 the cache would run 4 of them in full and forecast "
+        "4, and on the model measured (docs/transformers.md) caching 6- and 8-step passes came out further from "
+        "the plain image than simply running fewer steps. So no 'ToMe cache steps' line appears here. Turn the "
+        "node on when you sample 12 steps or more (there it keeps +3.5 dB and more over running only the full "
+        "steps); below cache_interval + 3 steps it stands aside by itself and says so in a 'ToMe note'.",
+        [420, -330],
+    )
     return g.done()
 
 
@@ -384,7 +449,10 @@ def thumbnail(workflow: dict[str, Any], path: str, width: int = 512, height: int
     x1 = max(n["pos"][0] + n["size"][0] for n in nodes)
     y1 = max(n["pos"][1] + n["size"][1] for n in nodes)
     scale = min((width - 20) / (x1 - x0), (height - 20) / (y1 - y0))
-    ox, oy = 10 - x0 * scale + ((width - 20) - (x1 - x0) * scale) / 2, 10 - y0 * scale + ((height - 20) - (y1 - y0) * scale) / 2
+    ox, oy = (
+        10 - x0 * scale + ((width - 20) - (x1 - x0) * scale) / 2,
+        10 - y0 * scale + ((height - 20) - (y1 - y0) * scale) / 2,
+    )
 
     def at(x: float, y: float) -> tuple[float, float]:
         return x * scale + ox, y * scale + oy

@@ -238,7 +238,9 @@ def wan_lora(model: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _as(dtype: torch.dtype, sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: torch.empty(v.shape, device="meta", dtype=dtype if v.is_floating_point() else v.dtype) for k, v in sd.items()}
+    return {
+        k: torch.empty(v.shape, device="meta", dtype=dtype if v.is_floating_point() else v.dtype) for k, v in sd.items()
+    }
 
 
 def files() -> dict[str, Callable[[], dict[str, torch.Tensor]]]:
@@ -258,9 +260,13 @@ def files() -> dict[str, Callable[[], dict[str, torch.Tensor]]]:
         "text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors": lambda: _as(FP8, umt5xxl()),
         "vae/wan_2.1_vae.safetensors": lambda: _as(torch.float16, wan_vae()),
         "vae/qwen_image_vae.safetensors": lambda: _as(torch.float16, wan_vae()),
-        "diffusion_models/qwen_image_fp8_e4m3fn.safetensors": lambda: _checked("qwen", _as(FP8, _diffusion(QWEN_IMAGE))),
+        "diffusion_models/qwen_image_fp8_e4m3fn.safetensors": lambda: _checked(
+            "qwen", _as(FP8, _diffusion(QWEN_IMAGE))
+        ),
         "text_encoders/qwen_2.5_vl_7b_fp8_scaled.safetensors": lambda: _as(FP8, qwen25_7b()),
-        "diffusion_models/z_image_turbo_bf16.safetensors": lambda: _checked("zimage", _as(torch.bfloat16, _diffusion(Z_IMAGE))),
+        "diffusion_models/z_image_turbo_bf16.safetensors": lambda: _checked(
+            "zimage", _as(torch.bfloat16, _diffusion(Z_IMAGE))
+        ),
         "text_encoders/qwen_3_4b.safetensors": lambda: _as(FP8, qwen3_4b()),
     }
 
@@ -292,9 +298,13 @@ def _values(seed: int, file: str, key: str, t: torch.Tensor) -> Iterator[bytes]:
     gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2**63 - 1))
     mean, std = _std(key, t.shape)
     if t.dim() == 0:
-        yield torch.tensor(mean + std * float(torch.randn((), generator=gen)), dtype=t.dtype).reshape(1).view(
-            torch.uint8
-        ).numpy().tobytes()
+        yield (
+            torch.tensor(mean + std * float(torch.randn((), generator=gen)), dtype=t.dtype)
+            .reshape(1)
+            .view(torch.uint8)
+            .numpy()
+            .tobytes()
+        )
         return
     rows, per_row = t.shape[0], max(1, math.prod(t.shape[1:]))
     step = max(1, (64 << 20) // per_row)
@@ -342,17 +352,20 @@ def write(path: str, sd: dict[str, torch.Tensor], seed: int, extra: dict[str, by
     return os.path.getsize(path)
 
 
+SPIECE_TEXT = (  # the words the umT5 tokenizer is trained on
+    "a fox moving quickly in a beautiful winter scenery nature trees mountains daytime tracking camera "
+    "young woman hair turning her head back over shoulder gentle smile bright eyes looking at light warm "
+    "the of and to in is it with on for as at by an be this that from or are was video image style color "
+)
+
+
 def spiece_model() -> bytes:
     """A small SentencePiece model (trained here, deterministic) for the umT5 tokenizer ComfyUI reads from the file."""
     import io
 
     import sentencepiece as spm
 
-    words = (
-        "a fox moving quickly in a beautiful winter scenery nature trees mountains daytime tracking camera "
-        "young woman hair turning her head back over shoulder gentle smile bright eyes looking at light warm "
-        "the of and to in is it with on for as at by an be this that from or are was video image style color "
-    ).split()
+    words = SPIECE_TEXT.split()
     lines = [" ".join(words[(i * 7 + j) % len(words)] for j in range(12)) for i in range(400)]
     out = io.BytesIO()
     spm.SentencePieceTrainer.train(

@@ -52,7 +52,9 @@ def to_api(workflow: dict[str, Any], object_info: dict[str, Any]) -> dict[str, A
             return source(origin["inputs"][0]["link"])
         if origin.get("mode", 0) == BYPASSED:
             kind = origin["outputs"][slot]["type"]
-            through = next((x for x in origin.get("inputs", []) if x["type"] == kind and x.get("link") is not None), None)
+            through = next(
+                (x for x in origin.get("inputs", []) if x["type"] == kind and x.get("link") is not None), None
+            )
             return source(through["link"]) if through is not None else None
         if origin.get("mode", 0) == MUTED:
             return None
@@ -89,7 +91,11 @@ def to_api(workflow: dict[str, Any], object_info: dict[str, Any]) -> dict[str, A
                     inputs[x["name"]] = found
                 elif x["name"] in inputs and not _is_widget_name(named, x["name"]):
                     del inputs[x["name"]]
-        prompt[str(node["id"])] = {"class_type": node["type"], "inputs": inputs, "_meta": {"title": node.get("title", node["type"])}}
+        prompt[str(node["id"])] = {
+            "class_type": node["type"],
+            "inputs": inputs,
+            "_meta": {"title": node.get("title", node["type"])},
+        }
     return prompt
 
 
@@ -128,7 +134,11 @@ def run(path: str, port: int, log: str, size: int, frames: int, timeout: float =
 
 def tome_lines(console: str) -> list[str]:
     """Our node's console lines (``ToMe: True, ...`` with the cache steps, ``ToMe note: ...``, ``ToMe error: ...``)."""
-    return [line.strip() for line in console.splitlines() if "ToMe" in line and ("ToMe: " in line or "ToMe note" in line or "ToMe error" in line)]
+    return [
+        line.strip()
+        for line in console.splitlines()
+        if "ToMe" in line and ("ToMe: " in line or "ToMe note" in line or "ToMe error" in line)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
