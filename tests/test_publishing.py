@@ -81,8 +81,9 @@ def test_the_license_is_mit_and_the_project_says_so():
 
 
 def test_the_wheel_carries_the_license(tmp_path):
+    copy = _tracked_copy(tmp_path)  # a build writes build/ and *.egg-info beside the sources
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(ROOT), "-w", tmp_path],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(copy), "-w", tmp_path],
         cwd=tmp_path,
         check=True,
         capture_output=True,
