@@ -140,9 +140,11 @@ class ToMeScript(scripts.Script):
         return scripts.AlwaysVisible
 
     # --- UI ---------------------------------------------------------------------------------------
-    def _control(self, name: str) -> gr.components.Component:
+    def _control(self, name: str, hidden: frozenset[str] = frozenset()) -> gr.components.Component:
         s, default = S.spec(name), getattr(S.DEFAULTS, name)
         common = dict(label=s.label, elem_id=self.elem_id(name), scale=SCALE.get(name, 1))
+        if name in hidden:  # it cannot act in this host: kept for the arguments' order, the paste and the API
+            common["visible"] = False
         if s.method is not None:
             common["interactive"] = s.method == S.DEFAULTS.method
         if s.kind == "bool":
@@ -153,11 +155,13 @@ class ToMeScript(scripts.Script):
             return gr.Number(value=default, precision=0, minimum=s.minimum, maximum=s.maximum, **common)
         return gr.Slider(minimum=s.minimum, maximum=s.maximum, step=s.step, value=default, **common)
 
-    def _rows(self, rows: tuple[tuple[str, ...], ...], controls: dict[str, Any]) -> None:
+    def _rows(
+        self, rows: tuple[tuple[str, ...], ...], controls: dict[str, Any], hidden: frozenset[str] = frozenset()
+    ) -> None:
         for row in rows:
             with gr.Row():
                 for name in row:
-                    controls[name] = self._control(name)
+                    controls[name] = self._control(name, hidden)
             if row == ("sx", "sy"):
                 text = _cap_text(controls["ratio"], S.DEFAULTS.sx, S.DEFAULTS.sy)
                 controls["ratio_cap"] = self._note(text, "ratio_cap")
@@ -167,13 +171,14 @@ class ToMeScript(scripts.Script):
 
     def ui(self, is_img2img: bool) -> list[Any]:
         controls: dict[str, Any] = {}
+        hidden = ext.hidden_controls(ext.host_version())  # what can never act in this host
         enabled_spec = S.spec("enabled")
         with InputAccordion(S.DEFAULTS.enabled, label=enabled_spec.label, elem_id=self.elem_id("enabled")) as enabled:
             controls["enabled"] = enabled
             self._note(INTRO, "intro")
             self._rows(FIRST_VIEW, controls)
             with gr.Accordion(ADVANCED_LABEL, open=False, elem_id=self.elem_id("advanced")):
-                self._rows(ADVANCED, controls)
+                self._rows(ADVANCED, controls, hidden)
         capped = [controls[name] for name in CAPPED]
         on_strides = functools.partial(_on_strides, capped)
         for trigger in (controls["sx"], controls["sy"], *capped):

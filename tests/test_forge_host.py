@@ -339,6 +339,39 @@ def test_api_alwayson_scripts_list_and_dict_merge_alike_on_forge(start, builders
     assert "ToMe: True" in json.loads(listed["info"])["infotexts"][0] and no_hooks_anywhere(unet)
 
 
+@pytest.mark.parametrize("grid", ["forge", "classic"])
+def test_the_cache_correction_is_hidden_in_forge_and_classic_and_still_named_through_the_api(start, builders, grid):
+    """*Cache correction* acts only on a transformer whose host hands the model the sampler's sigmas (Neo, ComfyUI):
+    in Forge and Forge Classic its control is hidden, in the arguments still; a value given through the API (list or
+    dict) runs, named in a ``ToMe note`` (issue 54)."""
+    unet = unet_of(builders["sd15"])
+    txt, img = start(grid=grid)
+    for runner in (txt, img):
+        script = tome_script(runner)
+        got = dict(zip(S.NAMES, runner.inputs[script.args_from : script.args_to]))
+        assert list(got) == list(S.NAMES) and got["cache_correction"].visible is False
+        assert [n for n, c in got.items() if c.visible is False] == ["enabled", "cache_correction"]  # the accordion's
+        assert [key for _, key in script.infotext_fields] == [S.spec(n).infotext for n in S.NAMES]
+    body = {"prompt": "a cat", "steps": 6, "width": 64, "height": 64, "seed": 5}
+    given = {"enabled": True, "ratio": 0.0, "cache": True, "cache_correction": 0.5}
+    listed = S.to_args(S.from_dict(given))  # the positional form, every field
+    spy = Spy(unet)
+    try:
+        infos = [
+            json.loads(api.text2imgapi({**body, "alwayson_scripts": {"ToMe": {"args": args}}}, txt)["info"])
+            for args in (listed, [given], [{**given, "cache_correction": S.DEFAULTS.cache_correction}])
+        ]
+    finally:
+        spy.close()
+    texts = [info["infotexts"][0] for info in infos]
+    note = "cache correction off: it acts on diffusion transformers"
+    assert note in texts[0] and texts[0] == texts[1] and R.ERROR_KEY not in texts[0], texts[0]
+    assert "ToMe cache correction: 0.5" in texts[0] and 'ToMe cache steps: "' in texts[0]
+    assert note not in texts[2] and R.NOTE_KEY not in texts[2]  # the default: quiet where it cannot act
+    assert spy.calls and all(s is not None and s.cache_correction in (0.5, 0.75) for s in spy.calls)
+    assert no_hooks_anywhere(unet) and not errors.reported
+
+
 def test_forge_infotext_pastes_back_every_setting(start):
     txt, _ = start()
     chosen = {"enabled": True, "ratio": 0.35, "sx": 1, "merge_crossattn": True, "method": "merge", "plan_interval": 2}

@@ -16,6 +16,7 @@ from neo_generation import C, F, generate, tome_args, unet_of
 from test_cache_hosts import cached_schedule, untouched
 
 from tome_core import run as R
+from tome_core import settings as S
 
 
 def test_sd15_merges_and_the_next_generation_without_tome_is_the_plain_one(start_neo, neo_builders):
@@ -153,6 +154,17 @@ def test_the_cache_correction_acts_under_euler_on_neos_sigmas_and_stands_aside_u
     assert "cache correction off: the sampler is Heun; the correction is exact under Euler only" in res.js()
     assert R.NOTE_KEY not in default.js() and identical(pixels(default), pixels(ours))
     assert identical(pixels(res), pixels(ours)) and untouched(model) and not errors.reported
+
+
+def test_neos_accordion_shows_the_cache_correction(start_neo):
+    """Neo runs transformers under Euler with the sampler's sigmas handed to the model, where *Cache correction*
+    acts: its control is shown there, and hidden in A1111, Forge and Forge Classic (issue 54)."""
+    txt, img = start_neo()
+    for runner in (txt, img):
+        script = tome_script(runner)
+        got = dict(zip(S.NAMES, runner.inputs[script.args_from : script.args_to]))
+        assert got["cache_correction"].visible is not False
+        assert [n for n, c in got.items() if c.visible is False] == ["enabled"]  # the accordion's checkbox
 
 
 def test_a_cache_branch_too_deep_for_the_model_is_named_and_tome_is_off_for_the_generation(start_neo, neo_builders):

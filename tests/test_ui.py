@@ -130,6 +130,24 @@ def test_first_view_and_a_labelled_advanced_group(webui, tab):
     assert id(notes[1]) in inside_advanced and all(module.NOTE_CLASS in n.elem_classes for n in notes)
 
 
+@pytest.mark.parametrize("tab", TABS)
+def test_a_control_that_cannot_act_here_is_hidden_and_kept(webui, tab):
+    """A1111's models are UNets: *Cache correction* (transformers under Euler, with the sampler's sigmas: Neo and
+    ComfyUI) is hidden, and kept in its place for the positional API, the paste-back and the XYZ axes (issue 54;
+    Forge and Classic: tests/test_forge_host.py, Neo shows it: tests/test_neo_host.py)."""
+    runner = webui[tab]
+    got = controls(runner)
+    assert list(got) == list(S.NAMES) and got["cache_correction"].visible is False
+    assert [n for n, c in got.items() if c.visible is False] == [
+        "enabled",
+        "cache_correction",
+    ]  # enabled: the accordion
+    assert S.spec("cache_correction").infotext in [key for _, key in tome_script(runner).infotext_fields]
+    assert "[ToMe] Cache correction" in [axis.label for axis in ext.axes()]
+    assert ext.hidden_controls(None) == ext.hidden_controls("classic") == ext.hidden_controls("2.0.1v1.10.1")
+    assert ext.hidden_controls("neo") == frozenset() and ext.host_version() is None
+
+
 def test_labels_are_short_and_details_are_hints():
     """Labels fit one line at a 600 px column (the longest, 25 characters, was checked in the real WebUI at
     600 px: docs/accordion.png); what a label no longer says is in its hover hint."""

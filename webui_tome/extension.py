@@ -88,6 +88,34 @@ def sampling_progress(params: Any) -> float:
     return sampling_position(params)[0]
 
 
+# --- the host -------------------------------------------------------------------------------------
+
+NEO = "neo"
+"""``modules_forge.forge_version.version`` in Forge Neo (``webui/modules_forge/forge_version.py`` at ``5692d2d``: "neo",
+release "2.26"); Forge main has ``2.0.1v1.10.1`` (at ``dfdcbab``), Forge Classic ``classic`` (at ``1f95d71``), and A1111
+has no ``modules_forge``."""
+ONLY_IN_NEO = ("cache_correction",)
+"""Settings that can act only in Forge Neo: the correction needs a diffusion transformer under Euler, with the sampler's
+sigmas handed to the model (:func:`euler_schedule`). A1111 and Forge Classic run UNets only; Forge main's Flux is a
+transformer, but Forge hands the model no sigmas."""
+
+
+def host_version() -> str | None:
+    """The Forge family member this WebUI is (``modules_forge.forge_version.version``); None: A1111 (no Forge)."""
+    try:
+        from modules_forge import forge_version  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return str(getattr(forge_version, "version", "")) or None
+
+
+def hidden_controls(version: str | None) -> frozenset[str]:
+    """The settings whose control the accordion hides in the host ``version`` (:func:`host_version`): those that can
+    never act there. They stay in the script's arguments, the API, the infotext and the XYZ axes, hidden only: a value
+    given anyway runs, and the cache names it in a ``ToMe note`` where it cannot act."""
+    return frozenset() if version == NEO else frozenset(ONLY_IN_NEO)
+
+
 # --- per-generation state ---------------------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import types
 from collections.abc import Callable
 
 import harness as webui
@@ -42,7 +43,24 @@ BUILTINS = (
 )
 """Doubles of Forge's built-ins that patch the UNet (``extensions_builtin/<name>``), loaded with ``builtins=True``."""
 
+FORGE_VERSION = "2.0.1v1.10.1"
+"""``modules_forge/forge_version.py``'s ``version`` in Forge main at ``dfdcbab`` (Forge Classic's at ``1f95d71``:
+``classic``; Neo's at ``5692d2d``: ``neo``). The only part of ``modules_forge`` the extension reads."""
+
 default_script_args = webui.default_script_args
+
+
+def _use_version(version: str | None) -> None:
+    """``modules_forge.forge_version`` as the host has it (None: none, as in A1111)."""
+    for name in ("modules_forge.forge_version", "modules_forge"):
+        sys.modules.pop(name, None)
+    if version is None:
+        return
+    package, module = types.ModuleType("modules_forge"), types.ModuleType("modules_forge.forge_version")
+    package.__path__ = []  # a package, as the real folder is
+    module.version = version
+    package.forge_version = module
+    sys.modules["modules_forge"], sys.modules["modules_forge.forge_version"] = package, module
 
 
 def _use_processing(module) -> None:
@@ -58,6 +76,7 @@ def reset_forge() -> None:
     while backend._loaded:
         backend._loaded.pop().forge_unpatch_model()
     _use_processing(webui_processing)
+    _use_version(None)
 
 
 def start_forge(
@@ -68,14 +87,18 @@ def start_forge(
     controlnet: bool = True,
     builtins: bool = False,
     processing=forge_processing,
+    version: str | None = None,
 ):
     """Full start-up: load the scripts in Forge's order, load the first checkpoint, before_ui, build both tabs.
 
     ``grid`` is "forge" (root ``scripts/xyz_grid.py``), "classic" (Forge Classic's ``extensions-builtin/xyz``)
     or None; ``builtins`` loads the doubles of :data:`BUILTINS` too (in the order of Forge's listing);
-    ``processing``: the host's ``modules.processing`` (a Forge variant's: ``neo_double.processing``)."""
+    ``processing``: the host's ``modules.processing`` (a Forge variant's: ``neo_double.processing``); ``version``:
+    ``modules_forge.forge_version.version`` (default: Forge Classic's ``classic`` with its grid, else
+    :data:`FORGE_VERSION`)."""
     reset_forge()
     _use_processing(processing)
+    _use_version(version or ("classic" if grid == "classic" else FORGE_VERSION))
     if grid == "forge":
         webui.register_xyz_grid()
     builtin = ([CONTROLNET_DIR] if controlnet else []) + ([CLASSIC_XYZ_DIR] if grid == "classic" else [])

@@ -32,6 +32,9 @@ OPTIONS = {
     "refiner_use_steps": OptionInfo(False, 'Switch based on "steps" instead'),
 }
 
+VERSION = "neo"
+"""``modules_forge/forge_version.py``'s ``version`` in Neo at ``5692d2d`` (``release = "2.26"``)."""
+
 make_txt2img = forge.make_txt2img
 make_img2img = forge.make_img2img
 default_script_args = forge.default_script_args
@@ -53,7 +56,7 @@ def start_neo(
     reset_neo()
     dirs = [os.path.join(HERE, "extensions_builtin", name) for name in BUILTINS if builtins]
     runners = forge.start_forge(
-        [*dirs, *extension_dirs], checkpoints=checkpoints, grid="forge", processing=neo_processing
+        [*dirs, *extension_dirs], checkpoints=checkpoints, grid="forge", processing=neo_processing, version=VERSION
     )
     for key, info in OPTIONS.items():  # after start_forge's reset of the options
         shared.opts.add_option(key, info)

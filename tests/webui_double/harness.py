@@ -6,6 +6,7 @@ Real order (webui.py / modules/initialize.py / modules/ui.py): load_scripts() ->
 """
 
 import os
+import sys
 
 import gradio as gr
 from modules import errors, script_callbacks, scripts, sd_models, shared
@@ -25,6 +26,8 @@ def reset_webui():
     sd_models.apply_token_merging_calls.clear()
     sd_models.checkpoints_list.clear()
     sd_models.loaded_models.clear()
+    for name in ("modules_forge.forge_version", "modules_forge"):  # a Forge double's, if one was left: A1111 has none
+        sys.modules.pop(name, None)
 
 
 def register_xyz_grid():
