@@ -115,6 +115,7 @@ HOST_MODULES = {
     "test_comfy_nodes",
     "test_controlnet",
     "test_controlnet_double",
+    "test_diffusers_host",
     "test_extension",
     "test_forge_host",
     "test_host_reads",
@@ -149,6 +150,8 @@ LAB_MODULES = {
 SLOW_FAST_TESTS = {
     "test_same_seed_bit_identical_across_processes",  # starts another Python process
     "test_unet_output_equals_tomesd",  # the oracle at 5 sizes up to 2048 px
+    "test_the_wheel_carries_the_license",  # builds the wheel
+    "test_comfy_clis_registry_check_passes_and_its_archive_carries_the_nodes_and_the_license",  # runs comfy-cli
 }
 
 

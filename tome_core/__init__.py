@@ -4,7 +4,8 @@ step cache over the blocks of UNets and diffusion transformers (:mod:`.caching`)
 where each acts (:mod:`.families`), driven by one settings record (:mod:`.settings`).
 
 import tome_core
-tome_core.apply_patch(model, ratio=0.5, cache=True)   # model: a UNet or transformer, or what holds it (find_unet)
+tome_core.apply_patch(model, ratio=0.5, cache=True)   # model: a UNet or transformer, what holds it (find_unet),
+                                                      # or a diffusers pipeline (tome_core.holders -> diffusers_tome)
 ...
 tome_core.remove_patch(model)
 """
@@ -54,7 +55,7 @@ def apply_patch(
     merge_crossattn: bool = False,
     merge_mlp: bool = False,
     **more: Any,
-) -> Session:
+) -> Session | Any:
     """Patch ``model`` with token merging (and, with ``cache=True``, the step cache); calling it again re-configures
     (never stacks).
 
@@ -64,7 +65,9 @@ def apply_patch(
     the call's timestep, read back once per call), so results are reproducible and the cond and uncond
     passes of a step share one partition. Further keyword arguments are other
     :class:`ToMeSettings` fields. Invalid values raise :class:`SettingsError` and leave ``model``
-    unpatched. Returns the :class:`Session`.
+    unpatched. Returns the :class:`Session`; for a diffusers pipeline, whose denoising loop then drives the patch
+    (the step, the steps and the sampler's sigmas from its progress bar and scheduler), its
+    ``diffusers_tome.PipelinePatch`` (:mod:`tome_core.holders`).
     """
     settings = from_dict(
         dict(
@@ -88,6 +91,8 @@ def cache_stats(model: Any) -> list[dict[str, int]]:
     ``{"full": n, "cached": n, "skipped": n}`` each, in order; empty without a patch or without the step cache. A step
     counts as full when any of its model calls ran in full (cond and uncond may be separate calls)."""
     patch = get_patch(model)
+    if patch is not None and not isinstance(patch, Session):  # a holder's patch (a diffusers pipeline): its last loop
+        return patch.cache_stats()
     if patch is None or patch.cache is None:
         return []
     return [count.to_dict() for count in patch.cache.report().passes]

@@ -29,6 +29,7 @@ from torch import nn
 from .caching import ControlFollower, StepCache
 from .compiling import python_only_hook
 from .families import layout_for, transformer_blocks, unet_input
+from .holders import adapter_for
 from .merging import TokenMerger
 from .report import Report
 from .settings import ToMeSettings
@@ -194,20 +195,29 @@ class Session:
             self.merger.reset_report()
 
 
-def get_patch(model: Any) -> Session | None:
-    """The session on ``model`` (or on the UNet :func:`find_unet` resolves), if any."""
+def get_patch(model: Any) -> Session | Any | None:
+    """The session on ``model`` (or on the UNet :func:`find_unet` resolves), if any; for a holder of several models (a
+    diffusers pipeline, :mod:`tome_core.holders`) its adapter's patch."""
+    adapter = adapter_for(model)
+    if adapter is not None:
+        return adapter.get(model)
     root = find_unet(model)
     return None if root is None else root.__dict__.get(_ATTR)
 
 
-def apply_settings(model: Any, settings: ToMeSettings, leader: StepCache | None = None) -> Session:
+def apply_settings(model: Any, settings: ToMeSettings, leader: StepCache | None = None) -> Session | Any:
     """Patch the UNet or transformer :func:`find_unet` resolves with validated settings, replacing (never stacking
     on) a session already there. A model without transformer blocks gets a session that merges nothing and says so
     (:meth:`Session.report`, whose notes name the class of ``model``: Forge's engine ``Flux``); ``TypeError`` (nothing
-    patched) when there is no module at all. ``leader``: see :class:`Session`."""
+    patched) when there is no module at all. ``leader``: see :class:`Session`. A holder of several models (a diffusers
+    pipeline) goes to its adapter (:mod:`tome_core.holders`), which returns its own patch."""
+    adapter = adapter_for(model)
+    if adapter is not None:
+        return adapter.apply(model, settings)
     root = find_unet(model)
     if root is None:
-        raise TypeError(f"ToMe: no UNet module in {type(model).__name__}")
+        looked = ", ".join(f".{path}" for path in _UNET_PATHS)
+        raise TypeError(f"ToMe: no UNet module in {type(model).__name__} (looked for {looked}, or a module itself)")
     remove_patch(root)
     session = Session(root, settings, leader, type(model).__name__)
     root.__dict__[_ATTR] = session
@@ -215,7 +225,11 @@ def apply_settings(model: Any, settings: ToMeSettings, leader: StepCache | None 
 
 
 def remove_patch(model: Any) -> Any:
-    """Remove our session from ``model`` (or the UNet it holds); a no-op if it has none. Returns ``model``."""
+    """Remove our session from ``model`` (or the UNet it holds, or every model a holder's adapter patched); a no-op if
+    it has none. Returns ``model``."""
+    adapter = adapter_for(model)
+    if adapter is not None:
+        return adapter.remove(model)
     session = get_patch(model)
     if session is not None:
         session.remove()

@@ -31,8 +31,12 @@ from .base import Layout, PassState, unwrap, weights
 
 
 def unet_input(module: nn.Module, args: tuple, kwargs: dict) -> tuple[Any, Any]:
-    """A UNet call's input ``x`` and its ``timesteps``, by keyword or position (ldm's, sgm's, Forge's, ComfyUI's)."""
-    return (args[0] if args else kwargs.get("x")), call_arg(module, args, kwargs, "timesteps")
+    """A UNet call's input ``x`` and its ``timesteps``, by keyword or position (ldm's, sgm's, Forge's, ComfyUI's; and
+    diffusers' ``sample`` and ``timestep``: its UNet and ControlNet models, which a ``MultiControlNetModel`` calls by
+    keyword)."""
+    x = args[0] if args else kwargs.get("x", kwargs.get("sample"))
+    timesteps = call_arg(module, args, kwargs, "timesteps")
+    return x, timesteps if timesteps is not None else call_arg(module, args, kwargs, "timestep")
 
 
 # --- where token merging acts ------------------------------------------------------------------------------------

@@ -1,0 +1,317 @@
+"""ToMe on diffusers pipelines (``diffusers_tome``, reached through ``tome_core.apply_patch(pipe)``): the seed's
+snippet equal to tomesd bit for bit, the pipeline's loop and scheduler driving the step cache, the patch living as long
+as the loop. Tiny pipelines of diffusers' own classes (tests/diffusers_pipelines.py)."""
+
+from __future__ import annotations
+
+import pytest
+import tomesd
+import torch
+from diffusers import (
+    DDIMScheduler,
+    DPMSolverMultistepScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    FluxImg2ImgPipeline,
+    HeunDiscreteScheduler,
+    StableDiffusionImg2ImgPipeline,
+    UniPCMultistepScheduler,
+)
+from diffusers.pipelines.pipeline_utils import DiffusionPipeline
+from diffusers_pipelines import flux_call, flux_pipeline, sd_call, sd_pipeline, wan_call, wan_pipeline
+
+import diffusers_tome
+import tome_core
+from tome_core import SettingsError
+
+
+@pytest.fixture(scope="module")
+def sd():
+    return sd_pipeline()
+
+
+@pytest.fixture(scope="module")
+def flux():
+    return flux_pipeline()
+
+
+def _clean(pipe, *models) -> None:
+    """Nothing of ours on the pipeline or in any module of its models: no hooks, no instance forward, no record."""
+    assert "progress_bar" not in pipe.__dict__ and diffusers_tome.pipeline.ATTR not in pipe.__dict__
+    for model in models:
+        for module in model.modules():
+            assert not module._forward_pre_hooks and not module._forward_hooks, type(module).__name__
+            assert "forward" not in module.__dict__ and tome_core.get_patch(module) is None
+
+
+def test_the_seeds_snippet_on_a_pipeline_is_tomesd_bit_for_bit_and_removing_it_leaves_the_pipeline(sd):
+    plain = sd_call(sd)
+    before = dict(sd.__dict__)
+    tomesd.apply_patch(sd, ratio=0.5, use_rand=False)
+    reference = sd_call(sd)
+    tomesd.remove_patch(sd)
+    patch = tome_core.apply_patch(sd, ratio=0.5, use_rand=False)
+    assert isinstance(patch, diffusers_tome.PipelinePatch) and tome_core.get_patch(sd) is patch
+    ours = sd_call(sd)
+    assert not torch.equal(reference, plain) and torch.equal(ours, reference)
+    assert tome_core.get_patch(sd.unet) is None  # between loops nothing is on the UNet
+    assert tome_core.remove_patch(sd) is sd
+    assert sd.__dict__ == before and torch.equal(sd_call(sd), plain)
+    _clean(sd, sd.unet)
+
+
+def test_the_unet_given_directly_is_tomesd_too(sd):
+    tomesd.apply_patch(sd.unet, ratio=0.5, use_rand=False)
+    reference = sd_call(sd)
+    tomesd.remove_patch(sd.unet)
+    tome_core.apply_patch(sd.unet, ratio=0.5, use_rand=False)
+    try:
+        assert torch.equal(sd_call(sd), reference)
+    finally:
+        tome_core.remove_patch(sd.unet)
+
+
+@pytest.mark.parametrize("guidance, images", [(1.0, 1), (7.0, 2)])
+def test_without_guidance_and_with_several_images_per_prompt_it_is_tomesd(sd, guidance, images):
+    tomesd.apply_patch(sd, ratio=0.5, use_rand=False)
+    reference = sd_call(sd, guidance_scale=guidance, num_images_per_prompt=images)
+    tomesd.remove_patch(sd)
+    tome_core.apply_patch(sd, ratio=0.5, use_rand=False)
+    try:
+        assert torch.equal(sd_call(sd, guidance_scale=guidance, num_images_per_prompt=images), reference)
+    finally:
+        tome_core.remove_patch(sd)
+
+
+def test_img2img_built_from_the_same_parts_is_tomesd(sd):
+    pipe = StableDiffusionImg2ImgPipeline(**sd.components, requires_safety_checker=False)
+    pipe.set_progress_bar_config(disable=True)
+    image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    tomesd.apply_patch(pipe, ratio=0.5, use_rand=False)
+    reference = sd_call(pipe, strength=0.6, image=image, height=None, width=None)
+    tomesd.remove_patch(pipe)
+    tome_core.apply_patch(pipe, ratio=0.5, use_rand=False)
+    try:
+        assert torch.equal(sd_call(pipe, strength=0.6, image=image, height=None, width=None), reference)
+    finally:
+        tome_core.remove_patch(pipe)
+    _clean(pipe, pipe.unet)
+
+
+@pytest.mark.parametrize("nets", [1, 2])
+def test_controlnet_models_merge_as_in_the_webui_and_without_them_it_is_tomesd(nets):
+    pipe = sd_pipeline(controlnets=nets)
+    image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(4))
+    kwargs = dict(image=[image] * nets if nets > 1 else image)
+    tomesd.apply_patch(pipe, ratio=0.5, use_rand=False)  # tomesd merges in the UNet only
+    reference = sd_call(pipe, steps=3, **kwargs)
+    tomesd.remove_patch(pipe)
+    tome_core.apply_patch(pipe, ratio=0.5, use_rand=False, merge_controlnet=False)
+    assert torch.equal(sd_call(pipe, steps=3, **kwargs), reference)
+    merged = []
+    controls = list(pipe.controlnet.nets) if nets > 1 else [pipe.controlnet]
+    hooks = [net.register_forward_pre_hook(lambda m, a: merged.append(tome_core.get_patch(m))) for net in controls]
+    tome_core.apply_patch(pipe, ratio=0.5, use_rand=False)  # merge_controlnet: on by default
+    try:
+        inside = sd_call(pipe, steps=3, **kwargs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+        tome_core.remove_patch(pipe)
+    assert len(merged) == 3 * nets and all(p is not None and p.merger is not None and p.cache is None for p in merged)
+    assert not torch.equal(inside, reference)
+    _clean(pipe, pipe.unet, pipe.controlnet)
+
+
+def test_a_second_apply_patch_reconfigures_and_never_stacks(sd):
+    tome_core.apply_patch(sd, ratio=0.5, use_rand=False)
+    once = sd_call(sd)
+    tome_core.apply_patch(sd, ratio=0.3, use_rand=False)
+    patch = tome_core.apply_patch(sd, ratio=0.5, use_rand=False)
+    try:
+        assert patch.settings.ratio == 0.5 and torch.equal(sd_call(sd), once)
+    finally:
+        tome_core.remove_patch(sd)
+    _clean(sd, sd.unet)
+
+
+def test_a_bad_setting_names_field_value_and_range_and_leaves_the_pipeline_untouched(sd, flux):
+    for pipe, kwargs, field in (
+        (sd, dict(ratio=0.9), "ratio"),
+        (flux, dict(ratio=0, cache=True, cache_branch=9), "cache_branch"),
+    ):
+        before = dict(pipe.__dict__)
+        with pytest.raises(SettingsError, match=field) as error:
+            tome_core.apply_patch(pipe, **kwargs)
+        assert str(kwargs[field]) in str(error.value) and "allowed" in str(error.value)
+        assert pipe.__dict__ == before
+        _clean(pipe, *(m for _, m in diffusers_tome.denoisers(pipe)))
+    tome_core.apply_patch(sd, ratio=0.5, use_rand=False)
+    try:  # a bad re-configuration keeps the patch it had
+        with pytest.raises(SettingsError, match="ratio"):
+            tome_core.apply_patch(sd, ratio=0.9)
+        assert tome_core.get_patch(sd).settings.ratio == 0.5
+    finally:
+        tome_core.remove_patch(sd)
+
+
+def test_a_pipeline_with_neither_a_unet_nor_a_transformer_names_what_was_looked_for():
+    class Empty(DiffusionPipeline):
+        def __init__(self, scheduler):
+            super().__init__()
+            self.register_modules(scheduler=scheduler)
+
+    with pytest.raises(
+        TypeError, match=r"no UNet or transformer in Empty \(looked for \.unet, \.transformer, \.transformer_2\)"
+    ):
+        tome_core.apply_patch(Empty(DDIMScheduler()))
+    with pytest.raises(TypeError, match=r"no UNet module in object \(looked for \.forge_objects"):
+        tome_core.apply_patch(object())
+
+
+def test_an_exception_inside_the_loop_leaves_nothing_behind_and_the_next_loop_is_fresh(flux):
+    tome_core.apply_patch(flux, ratio=0, cache=True, cache_interval=2)
+    try:
+        fresh = flux_call(flux)
+
+        def fail(pipe, i, t, kwargs):
+            if i == 4:
+                raise RuntimeError("stop")
+            return kwargs
+
+        with pytest.raises(RuntimeError, match="stop"):
+            flux_call(flux, callback_on_step_end=fail)
+        for module in flux.transformer.modules():  # the patch is still on the pipeline, nothing on its model
+            assert not module._forward_pre_hooks and "forward" not in module.__dict__
+        assert tome_core.get_patch(flux.transformer) is None
+        assert torch.equal(flux_call(flux), fresh)
+    finally:
+        tome_core.remove_patch(flux)
+    _clean(flux, flux.transformer)
+
+
+def _by_hand(pipe, steps: int, **settings):
+    """The same loop with the session on the transformer driven by hand: progress from the step callback, the Euler
+    sigmas the scheduler set (what the adapter reads for itself)."""
+    flux_call(pipe, steps=steps)  # the plain loop, to read its schedule
+    sigmas = [float(s) for s in pipe.scheduler.sigmas]
+    session = tome_core.apply_patch(pipe.transformer, ratio=0, cache=True, **settings)
+    session.set_progress(0.0, steps)
+    session.set_euler(sigmas)
+
+    def report(p, i, t, kwargs):
+        session.set_progress((i + 1) / steps, steps)
+        return kwargs
+
+    try:
+        return flux_call(pipe, steps=steps, callback_on_step_end=report), tome_core.cache_stats(pipe.transformer)
+    finally:
+        tome_core.remove_patch(pipe.transformer)
+
+
+def test_the_pipeline_drives_the_cache_and_its_correction_as_a_session_driven_by_hand(flux):
+    reference, stats = _by_hand(flux, 8)
+    tome_core.apply_patch(flux, ratio=0, cache=True)
+    try:
+        ours = flux_call(flux, steps=8)
+        assert tome_core.cache_stats(flux) == stats and stats[0]["cached"] > 0
+        assert torch.equal(ours, reference)
+        tome_core.apply_patch(flux, ratio=0, cache=True, cache_correction=0)
+        assert not torch.equal(flux_call(flux, steps=8), ours)  # the default correction acts under flow-matching Euler
+    finally:
+        tome_core.remove_patch(flux)
+
+
+@pytest.mark.parametrize(
+    "scheduler",
+    [
+        lambda: UniPCMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=3.0),
+        lambda: DPMSolverMultistepScheduler(
+            use_flow_sigmas=True,
+            prediction_type="flow_prediction",
+            use_dynamic_shifting=True,
+            time_shift_type="exponential",
+        ),
+    ],
+)
+def test_under_another_scheduler_the_correction_stands_aside_quietly_and_a_gain_set_by_hand_says_why(
+    scheduler, console
+):
+    pipe = flux_pipeline(scheduler())
+    name = type(pipe.scheduler).__name__
+    tome_core.apply_patch(pipe, ratio=0, cache=True, cache_correction=0)
+    try:
+        uncorrected = flux_call(pipe)
+        assert tome_core.cache_stats(pipe)[0]["cached"] > 0
+        tome_core.apply_patch(pipe, ratio=0, cache=True)
+        assert torch.equal(flux_call(pipe), uncorrected) and not tome_core.get_patch(pipe).last.notes
+        tome_core.apply_patch(pipe, ratio=0, cache=True, cache_correction=0.5)
+        assert torch.equal(flux_call(pipe), uncorrected)
+        (note,) = tome_core.get_patch(pipe).last.notes
+        assert (
+            note
+            == f"cache correction off: the scheduler is {name}; the correction is exact under FlowMatchEulerDiscreteScheduler only"
+        )
+        assert f"ToMe note: {note}" in console()
+    finally:
+        tome_core.remove_patch(pipe)
+
+
+def test_a_second_order_scheduler_counts_its_two_calls_as_one_step():
+    pipe = sd_pipeline(HeunDiscreteScheduler())
+    calls = []
+    tome_core.apply_patch(pipe, ratio=0.5, use_rand=False)
+    hook = pipe.unet.register_forward_pre_hook(lambda m, a: calls.append(tome_core.get_patch(m).progress))
+    try:
+        sd_call(pipe, steps=4)
+    finally:
+        hook.remove()
+        tome_core.remove_patch(pipe)
+    assert calls == [0.0, 0.0, 0.25, 0.25, 0.5, 0.5, 0.75]  # Heun: the last step is one Euler call
+
+
+def test_flux_img2img_caches_the_tail_it_runs(flux):
+    pipe = FluxImg2ImgPipeline(**flux.components)
+    pipe.set_progress_bar_config(disable=True)
+    image = torch.rand(1, 3, 16, 16, generator=torch.Generator().manual_seed(5))
+    tome_core.apply_patch(pipe, ratio=0, cache=True)
+    try:
+        flux_call(pipe, steps=10, image=image, strength=0.8, height=None, width=None)
+        (count,) = tome_core.cache_stats(pipe)
+        assert count["full"] + count["cached"] == 8 and count["cached"] > 0
+        assert not tome_core.get_patch(pipe).last.notes
+    finally:
+        tome_core.remove_patch(pipe)
+
+
+def test_wan_22s_two_experts_each_run_their_own_part_as_a_pass_of_their_own():
+    pipe = wan_pipeline(experts=2, scheduler=FlowMatchEulerDiscreteScheduler(shift=1.0))
+    tome_core.apply_patch(pipe, ratio=0, cache=True, cache_interval=2)
+    try:
+        wan_call(pipe, steps=12)
+        high = sum(1 for t in pipe.scheduler.timesteps if t >= 500)
+        first, second = tome_core.cache_stats(pipe)
+        assert first["full"] + first["cached"] == high and second["full"] + second["cached"] == 12 - high
+        assert first["cached"] > 0 and second["cached"] > 0
+    finally:
+        tome_core.remove_patch(pipe)
+    _clean(pipe, pipe.transformer, pipe.transformer_2)
+
+
+def test_a_unet_pipeline_with_the_cache_says_it_does_not_know_diffusers_unet_yet(sd, console):
+    tome_core.apply_patch(sd, ratio=0.5, use_rand=False, cache=True)
+    try:
+        sd_call(sd, steps=4)
+        assert "step cache off: the cache does not know this model's blocks" in tome_core.get_patch(sd).last.notes
+    finally:
+        tome_core.remove_patch(sd)
+
+
+def test_the_stochastic_flow_matching_euler_is_no_euler_for_the_correction():
+    pipe = flux_pipeline(FlowMatchEulerDiscreteScheduler(stochastic_sampling=True))
+    pipe.scheduler.set_timesteps(4)
+    part = diffusers_tome.schedule.parts(pipe, ["transformer"], 4)["transformer"]
+    assert part.sigmas is None and part.why_not.startswith("the scheduler is FlowMatchEulerDiscreteScheduler;")
+    euler = flux_pipeline()
+    euler.scheduler.set_timesteps(4)
+    part = diffusers_tome.schedule.parts(euler, ["transformer"], 4)["transformer"]
+    assert part.why_not is None and part.sigmas == [float(s) for s in euler.scheduler.sigmas]
