@@ -207,3 +207,58 @@ def wan_call(pipe: Any, steps: int = 10, seed: int = 1, **more: Any) -> torch.Te
         generator=torch.Generator().manual_seed(seed),
         **kwargs,
     ).frames
+
+
+def sd3_pipeline() -> Any:
+    from diffusers import SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    torch.manual_seed(7)
+    transformer = SD3Transformer2DModel(
+        sample_size=16,
+        patch_size=2,
+        in_channels=4,
+        num_layers=3,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        caption_projection_dim=32,
+        pooled_projection_dim=32,
+        out_channels=4,
+        pos_embed_max_size=32,
+    ).eval()
+    torch.manual_seed(8)
+    vae = AutoencoderKL(
+        block_out_channels=(16,),
+        latent_channels=4,
+        down_block_types=("DownEncoderBlock2D",),
+        up_block_types=("UpDecoderBlock2D",),
+        norm_num_groups=8,
+        shift_factor=0.0,
+        scaling_factor=1.0,
+    ).eval()
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=vae,
+        text_encoder=None,
+        tokenizer=None,
+        text_encoder_2=None,
+        tokenizer_2=None,
+        text_encoder_3=None,
+        tokenizer_3=None,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def sd3_call(pipe: Any, steps: int = 8, seed: int = 1, **more: Any) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    embeds = {
+        "prompt_embeds": torch.randn(1, 5, 32, generator=g),
+        "negative_prompt_embeds": torch.randn(1, 5, 32, generator=g),
+        "pooled_prompt_embeds": torch.randn(1, 32, generator=g),
+        "negative_pooled_prompt_embeds": torch.randn(1, 32, generator=g),
+    }
+    kwargs = {"height": 16, "width": 16, "guidance_scale": 4.0, "output_type": "latent", **more}
+    generator = torch.Generator().manual_seed(seed)
+    return _call(pipe, num_inference_steps=steps, generator=generator, **embeds, **kwargs).images

@@ -1,5 +1,5 @@
 """``cache_correction`` (issue 36): the step cache's deferred correction under the Euler sampler
-(``tome_core.caching.correction``). On every family it acts on, the corrected pass moves ``x`` exactly as running
+(``tome_core.caching.correction``). On every family it acts on (diffusers' SD3 too), the corrected pass moves ``x`` exactly as running
 the cached step again with the interpolated residual would have; without gain, or where it cannot act, the pass is
 the cache's bit for bit, and a note says why (quietly at the default, 0.75); the model is left bit-identical."""
 
@@ -46,6 +46,36 @@ def _lumina(m, x, s):
     return m(x, torch.full((B,), 1 - s), _context(), 5, transformer_options={})
 
 
+def _sd3():
+    from diffusers import SD3Transformer2DModel
+
+    torch.manual_seed(5)
+    return SD3Transformer2DModel(
+        sample_size=8,
+        patch_size=2,
+        in_channels=4,
+        num_layers=3,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        caption_projection_dim=16,
+        pooled_projection_dim=8,
+        out_channels=4,
+        pos_embed_max_size=16,
+    )
+
+
+def _diffusers_sd3(m, x, s):
+    pooled = torch.randn(B, 8, generator=torch.Generator().manual_seed(3))
+    return m(
+        hidden_states=x,
+        encoder_hidden_states=_context(),
+        pooled_projections=pooled,
+        timestep=torch.full((B,), 1000 * s),
+        return_dict=False,
+    )[0]
+
+
 FAMILIES = {  # model, its latent, a call at sigma s
     "bfl-flux": (lambda: Flux(seed=3), (4, 8, 8), _flux),
     "wan": (lambda: WanModel(seed=5), (4, 3, 8, 8), _comfy(lambda s: 1000 * s)),
@@ -53,6 +83,7 @@ FAMILIES = {  # model, its latent, a call at sigma s
     "qwen": (lambda: QwenImageTransformer2DModel(seed=5), (4, 1, 8, 8), _comfy(lambda s: s)),
     "mmdit": (lambda: OpenAISignatureMMDITWrapper(seed=5), (4, 8, 8), _comfy(lambda s: 1000 * s)),
     "cosmos": (lambda: MiniTrainDIT(seed=5), (4, 2, 8, 8), _comfy(lambda s: s)),
+    "diffusers-sd3": (_sd3, (4, 8, 8), _diffusers_sd3),
 }
 
 

@@ -2,8 +2,8 @@
 one model's layout: where a call's input and time are (:meth:`Layout.place`), where the step cache skips blocks and
 where their result enters again (:class:`~tome_core.families.base.Layout`), and, for the UNets, where token merging
 acts (:func:`transformer_blocks`) and what a ControlNet model's cached call never reads (:func:`control_skipped`). The
-families: the ldm/sgm/Forge/ComfyUI UNets (:mod:`.unet`), diffusers' FLUX transformer (:mod:`.flux`) and Wan
-transformer (:mod:`.chain`), FLUX/Chroma (:mod:`.bfl`) as ComfyUI, Forge and Forge Neo run it, Wan, Lumina 2/Z-Image and Qwen-Image (:mod:`.chain`)
+families: the ldm/sgm/Forge/ComfyUI UNets (:mod:`.unet`), diffusers' FLUX transformer (:mod:`.flux`), Wan and SD3
+transformers (:mod:`.chain`), FLUX/Chroma (:mod:`.bfl`) as ComfyUI, Forge and Forge Neo run it, Wan, Lumina 2/Z-Image and Qwen-Image (:mod:`.chain`)
 as ComfyUI and Forge Neo run them, SD3/SD3.5 and Cosmos Predict2 (:mod:`.chain`) as ComfyUI runs them, and Anima
 (:mod:`.chain`) as Forge Neo runs it."""
 
@@ -13,7 +13,7 @@ from torch import nn
 
 from .base import Layout, PassState
 from .bfl import BflFlux
-from .chain import ComfyCosmos, ComfyLumina, ComfyMMDiT, ComfyQwenImage, ComfyWan, DiffusersWan
+from .chain import ComfyCosmos, ComfyLumina, ComfyMMDiT, ComfyQwenImage, ComfyWan, DiffusersSD3, DiffusersWan
 from .flux import DiffusersFlux
 from .unet import (
     UNetLayout,
@@ -34,6 +34,7 @@ FAMILIES: tuple[type[Layout], ...] = (
     ComfyQwenImage,
     ComfyMMDiT,
     ComfyCosmos,
+    DiffusersSD3,
 )
 
 
@@ -56,6 +57,7 @@ __all__ = [
     "ComfyQwenImage",
     "ComfyWan",
     "DiffusersFlux",
+    "DiffusersSD3",
     "DiffusersWan",
     "Layout",
     "PassState",

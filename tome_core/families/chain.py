@@ -20,6 +20,11 @@
 * SD3 and SD3.5 (``comfy/ldm/modules/diffusionmodules/mmdit.py`` ``OpenAISignatureMMDITWrapper``, MMDiT):
   ``joint_blocks``, each ``block(context, x, c=, ...)`` returning ``(context, x)`` (the last one no context), a
   ControlNet's residual added in place after each, then ``final_layer(x, c)``; the timestep is the sigma times 1000.
+  diffusers' ``SD3Transformer2DModel`` is the same chain as Qwen-Image's calls: ``transformer_blocks``, each called
+  with ``hidden_states=``, ``encoder_hidden_states=`` and returning ``(encoder_hidden_states, hidden_states)``, a
+  ControlNet's residual added after each, then ``norm_out(hidden_states, temb)`` (its time modulation included) and
+  ``proj_out``; the timestep is the sigma times 1000. Other diffusers transformers have those three names too
+  (HunyuanVideo, whose blocks return the streams the other way round): only that class is this family.
 
 A cached pass runs the first ``branch + 1`` blocks and skips the rest up to the output layer (:mod:`.residual`). These
 models run classifier-free guidance: cond and uncond are streams of their own (``cond_or_uncond``), and each model
@@ -125,3 +130,12 @@ class ComfyMMDiT(ChainLayout):
 
     def pass_on(self, index: int, args: tuple, kwargs: dict) -> tuple[Any, Any]:
         return arg(args, kwargs, 0, "context"), self.stream_in(args, kwargs)
+
+
+class DiffusersSD3(ComfyQwenImage):
+    """SD3 and SD3.5 as diffusers' ``SD3Transformer2DModel`` runs them (the class or a subclass: see the module)."""
+
+    names = ("transformer_blocks", "norm_out", "context_embedder")
+    time = (1.0, "timestep", "timesteps")
+    stream_arg = "hidden_states"
+    classes = ("SD3Transformer2DModel",)

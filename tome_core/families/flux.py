@@ -36,6 +36,8 @@ class DiffusersFlux(FluxLayout):
 
     names = ("transformer_blocks", "single_transformer_blocks", "norm_out", "x_embedder")
     entry_arg = "hidden_states"  # ``norm_out(hidden_states, temb)``
+    classes = ("FluxTransformer2DModel",)  # HunyuanVideo (positional, the streams the other way round), Chroma (its
+    # single-stream blocks return the joint stream alone) and others have these names too
 
     def place(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, Any]:
         return tensor(arg(args, kwargs, 0, "hidden_states")), sigma_time(arg(args, kwargs, 3, "timestep"))

@@ -47,6 +47,10 @@ class ResidualLayout(Layout):
     this family has (to tell it from others with lists of those names)."""
     least: ClassVar[int] = 1
     """The fewest blocks the first list must hold for the family to know the model."""
+    classes: ClassVar[tuple[str, ...]] = ()
+    """Where other models have the same names but call their blocks otherwise (diffusers' transformers: HunyuanVideo,
+    Chroma and others have FLUX's lists, SD3's names are HunyuanVideo's too), the model classes (or their bases) this
+    family knows; empty: any model with :attr:`names`."""
     entry_arg: ClassVar[str] = "x"
     """The name of the entry's first argument, the image stream."""
 
@@ -81,6 +85,8 @@ class ResidualLayout(Layout):
 
     @classmethod
     def find(cls, root: nn.Module, branch: int) -> ResidualLayout | None:
+        if cls.classes and not any(c.__name__ in cls.classes for c in type(root).__mro__):
+            return None
         lists = cls._lists(root)
         return None if lists is None else cls(root, lists, branch)
 
