@@ -5,7 +5,7 @@
     ~/shots-venv/bin/python docs/screenshots/take.py webui neo              # some of them
 
 Needs the real hosts built by the harnesses of ``../shared/harness`` (its README: ``webui/``, ``forge/``, ``neo/``,
-``comfy/``; each ``build.sh`` makes ``$HOME/<host>-harness``, ``--harnesses`` says where else) and a Chromium
+``classic/``, ``comfy/``; each ``build.sh`` makes ``$HOME/<host>-harness``, ``--harnesses`` says where else) and a Chromium
 (Debian's ``/usr/bin/chromium``, ``--chromium`` another), which Playwright drives headless. For each host it starts
 the host with this checkout as its extension (the harness's own start script, under ``nice``), takes the picture,
 and stops the host again, one host at a time:
@@ -13,14 +13,15 @@ and stops the host again, one host at a time:
 - ``webui`` → ``docs/accordion.png``: AUTOMATIC1111 1.10.1 (gradio 3.41), the txt2img tab's ToMe accordion opened
   (which ticks it) and its *Advanced* group opened, cropped to the accordion;
 - ``forge`` → ``docs/accordion-forge.png``: the same in Forge main (gradio 4.40);
+- ``classic`` → ``docs/accordion-classic.png``: the same in Forge Classic (gradio 3.41);
 - ``neo`` → ``docs/accordion-neo.png``: the same in Forge Neo (gradio 4.40, Neo's theme);
 - ``comfy`` → ``docs/comfy-workflow.png``: ComfyUI's frontend with ``example_workflows/tome_sd15.json`` loaded
   (Load Checkpoint → ToMe → ToMeStepCache → KSampler), the canvas as the frontend lays it out. ComfyUI is started
   from the harness's tree and venv, not by its ``start_comfy.sh``, in a base directory of its own (see
   :func:`start_comfy`), so a harness ComfyUI that is running stays as it is.
 
-The window is as wide as makes the txt2img column, and so the accordion, 600 px wide in A1111 (1300 px) and about
-that in Forge and Neo (1332 px), so the labels wrap as a person sees them there. Each accordion shows only the
+The window is as wide as makes the txt2img column, and so the accordion, 600 px wide in A1111 and Classic (1300 px) and
+about that in Forge and Neo (1332 px), so the labels wrap as a person sees them there. Each accordion shows only the
 controls that can act in its host (*Cache correction* in Neo only). Look at every picture before committing it.
 """
 
@@ -77,6 +78,7 @@ class Host:
 HOSTS = {
     "webui": Host("webui-harness", "start_webui.sh", "stop_webui.sh", 7866, "accordion.png"),
     "forge": Host("forge-harness", "start_forge.sh", "stop_forge.sh", 7886, "accordion-forge.png", 1332),
+    "classic": Host("classic-harness", "start_classic.sh", "stop_classic.sh", 7891, "accordion-classic.png"),
     "neo": Host("neo-harness", "start_neo.sh", "stop_neo.sh", 7896, "accordion-neo.png", 1332),
     "comfy": Host("comfy-harness", "", "", 8290, "comfy-workflow.png", 1480, "comfy"),
 }
