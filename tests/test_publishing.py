@@ -96,7 +96,8 @@ def test_the_wheel_carries_the_license(tmp_path):
         (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
         head = archive.read(metadata).decode().split("\n\n")[0].splitlines()
     assert "License-Expression: MIT" in head and "License-File: LICENSE" in head
-    assert any(n.startswith("tome_core/") for n in names)
+    assert {"tome_core/__init__.py", "tome_core/holders.py", "diffusers_tome/__init__.py"} <= set(names)
+    assert not any(n.split("/")[0] in {"comfy_tome", "webui_tome", "scripts", "tests", "benchmarks"} for n in names)
 
 
 @pytest.mark.skipif(not COMFY_CLI.exists(), reason="comfy-cli is installed by .ci/setup (.venv-comfy-cli)")
