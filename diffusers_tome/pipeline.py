@@ -60,6 +60,20 @@ def control_models(pipe: Any) -> list[nn.Module]:
     return [m for m in models if has_transformer_blocks(m)]
 
 
+def other_cache(model: nn.Module) -> str | None:
+    """The step cache already on ``model``, by name, or None: diffusers' own (``enable_cache``: First Block Cache,
+    TaylorSeer, MagCache, FasterCache, PAB; ``model._cache_config``), cache-dit's (``enable_cache(pipe)`` marks the
+    transformer ``_is_cached``), or DeepCache's ``DeepCacheSDHelper`` (an instance ``forward`` on the UNet)."""
+    config = getattr(model, "_cache_config", None)
+    if config is not None:
+        return f"diffusers' {type(config).__name__.removesuffix('Config')}"
+    if getattr(model, "_is_cached", False) is True:
+        return "cache-dit"
+    if "forward" in vars(model):
+        return "another wrapper of its forward (DeepCache's helper)"
+    return None
+
+
 class PipelinePatch:
     """ToMe's settings on one pipeline, and the sessions of the denoising loop running now (see the module)."""
 
@@ -130,7 +144,10 @@ class PipelinePatch:
         self._parts = parts(self.pipe, names, total) if total else {}
         try:
             for name, model in self.models:
-                session = apply_settings(model, settings)
+                other = other_cache(model) if settings.caches else None
+                if other is not None:  # two caches never both run; merging stays
+                    self.last.note(f"step cache off: {other} already caches {name} (two caches never both run)")
+                session = apply_settings(model, settings if other is None else settings.replace(cache=False))
                 self.sessions[name] = session
                 part = self._parts.get(name)
                 if part is not None:

@@ -381,3 +381,25 @@ def test_transformers_with_fluxs_or_sd3s_names_but_other_calls_are_named_not_cac
             assert torch.equal(model(timestep=torch.tensor([t]), **inputs)[0], plain[i])
     assert session.report().notes == ("step cache off: the cache does not know this model's blocks",)
     tome_core.remove_patch(model)
+
+
+@pytest.mark.parametrize("library", ["diffusers' FirstBlockCache", "cache-dit"])
+def test_beside_another_cache_ours_steps_aside_and_says_so(library, console):
+    pipe = flux_pipeline()
+    if library == "cache-dit":
+        import cache_dit
+        from cache_dit import DBCacheConfig
+
+        cache_dit.enable_cache(pipe, cache_config=DBCacheConfig(Fn_compute_blocks=1, Bn_compute_blocks=0))
+    else:
+        from diffusers import FirstBlockCacheConfig
+
+        pipe.transformer.enable_cache(FirstBlockCacheConfig(threshold=0.2))
+    theirs = flux_call(pipe)
+    tome_core.apply_patch(pipe, ratio=0, cache=True)
+    try:
+        assert torch.equal(flux_call(pipe), theirs) and tome_core.cache_stats(pipe) == []
+        note = f"step cache off: {library} already caches transformer (two caches never both run)"
+        assert tome_core.get_patch(pipe).last.notes == [note] and f"ToMe note: {note}" in console()
+    finally:
+        tome_core.remove_patch(pipe)
