@@ -318,13 +318,19 @@ def comfy(tmp_path_factory):
         subprocess.run([f"{HARNESS}/stop_comfy.sh"], capture_output=True)
 
 
+LOADED: dict[str, str] = {}
+
+
 @real
 @pytest.mark.parametrize("name", TABLE)
 def test_each_workflow_runs_in_the_real_comfyui_with_its_expected_tome_line(comfy, name):
     import comfy_api
 
     port, log = comfy
-    comfy_api.free(unload_models=True, free_memory=True, port=port)  # one family's models in memory at a time
+    family = name.split("_")[1].split(".")[0]  # sdxl, flux1, wan2, qwen, z
+    if LOADED.get("family") != family:  # one family's models in memory at a time (a family's workflows share them)
+        comfy_api.free(unload_models=True, free_memory=True, port=port)
+        LOADED["family"] = family
     out = runner.run(str(WORKFLOWS / f"{name}.json"), port, log, size=256, frames=5)
     lines = runner.tome_lines(out["console"])
     keep = os.environ.get("TOME_COMFY_LOG_DIR")
