@@ -12,7 +12,8 @@ started with this checkout as its custom node, every workflow converted to the A
 ``/object_info`` and run, and the ``ToMe cache steps`` line (or the ``ToMe note``) checked. To fit a CPU the runner
 makes every empty latent 256 px square and videos 5 frames long (``tests/comfy_workflows/runner.py``: ``shrink``);
 samplers, steps, CFG and the ToMe settings run as the workflow has them. ``TOME_COMFY_LOG_DIR``: where to keep each
-run's console text and API prompt.
+run's console text and API prompt. ``tests/comfy_workflows/frontend_check.py`` (by hand, needs Chromium) loads every
+workflow in ComfyUI's own frontend and checks that its prompt (``app.graphToPrompt()``) is the runner's.
 """
 
 from __future__ import annotations
