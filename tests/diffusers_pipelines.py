@@ -40,8 +40,9 @@ def _sd_unet() -> UNet2DConditionModel:
     ).eval()
 
 
-def _vae() -> AutoencoderKL:
-    torch.manual_seed(1)
+def _vae(seed: int = 1, **config: Any) -> AutoencoderKL:
+    """A one-level VAE (the latent keeps the image's size), 4 latent channels."""
+    torch.manual_seed(seed)
     return AutoencoderKL(
         block_out_channels=(16,),
         in_channels=3,
@@ -50,6 +51,7 @@ def _vae() -> AutoencoderKL:
         down_block_types=("DownEncoderBlock2D",),
         up_block_types=("UpDecoderBlock2D",),
         norm_num_groups=8,
+        **config,
     ).eval()
 
 
@@ -121,20 +123,7 @@ def flux_pipeline(scheduler: Any = None) -> FluxPipeline:
         pooled_projection_dim=32,
         axes_dims_rope=[4, 6, 6],
     ).eval()
-    torch.manual_seed(3)
-    vae = AutoencoderKL(
-        block_out_channels=(16,),
-        in_channels=3,
-        out_channels=3,
-        latent_channels=4,
-        down_block_types=("DownEncoderBlock2D",),
-        up_block_types=("UpDecoderBlock2D",),
-        norm_num_groups=8,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-        shift_factor=0.0,
-        scaling_factor=1.0,
-    ).eval()
+    vae = _vae(3, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0, scaling_factor=1.0)
     pipe = FluxPipeline(
         scheduler=scheduler or FlowMatchEulerDiscreteScheduler(),
         vae=vae,
@@ -226,16 +215,7 @@ def sd3_pipeline() -> Any:
         out_channels=4,
         pos_embed_max_size=32,
     ).eval()
-    torch.manual_seed(8)
-    vae = AutoencoderKL(
-        block_out_channels=(16,),
-        latent_channels=4,
-        down_block_types=("DownEncoderBlock2D",),
-        up_block_types=("UpDecoderBlock2D",),
-        norm_num_groups=8,
-        shift_factor=0.0,
-        scaling_factor=1.0,
-    ).eval()
+    vae = _vae(8, shift_factor=0.0, scaling_factor=1.0)
     pipe = StableDiffusion3Pipeline(
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
