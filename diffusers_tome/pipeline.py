@@ -136,6 +136,7 @@ class PipelinePatch:
     def begin(self, total: int | None) -> None:
         """The loop starts, ``total`` steps: patch the denoisers (all or none) with their parts of it."""
         self.end()  # a loop whose bar was never closed
+        self.models = denoisers(self.pipe) or self.models  # as the pipeline holds them now (a model swapped in)
         settings = self.settings
         self.last = R.Run(settings)
         self.steps = {}
