@@ -79,7 +79,7 @@ def test_the_root_init_hands_the_mappings_on_and_importing_the_nodes_needs_no_co
 
 
 def _api_example() -> dict:
-    return json.loads((WORKFLOWS / "tome_sd15_api.json").read_text())
+    return json.loads((WORKFLOWS / "api" / "tome_sd15_api.json").read_text())
 
 
 def test_the_api_example_runs_its_tome_part_in_the_double():

@@ -356,3 +356,13 @@ def test_each_workflow_runs_in_the_real_comfyui_with_its_expected_tome_line(comf
         notes = [x for x in lines if "ToMe note" in x]
         assert len(notes) == len(row["steps"])
         assert all("2 steps are too few to forecast at cache_interval 3 (from 6)" in x for x in notes)
+
+
+def test_every_json_comfyui_lists_as_a_template_is_a_ui_workflow():
+    """ComfyUI lists every ``example_workflows/*.json`` under *Browse templates* (``app/custom_node_manager.py``: the
+    folder's top level only) and loads it as a graph: an API-format file belongs in ``example_workflows/api/``."""
+    listed = sorted(WORKFLOWS.glob("*.json"))
+    assert len(listed) >= 8
+    for path in listed:
+        assert "nodes" in json.loads(path.read_text(encoding="utf-8")), path.name
+    assert (WORKFLOWS / "api" / "tome_sd15_api.json").is_file()
