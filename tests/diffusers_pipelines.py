@@ -87,6 +87,39 @@ def sd_pipeline(scheduler: Any = None, controlnets: int = 0) -> StableDiffusionP
     return pipe
 
 
+def sdxl_pipeline() -> Any:
+    """An SDXL-layout pipeline: the UNet with SDXL's added text-and-time conditioning, a 16-wide pooled embedding."""
+    from diffusers import StableDiffusionXLPipeline
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        sample_size=32,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=SD_CONTEXT,
+        attention_head_dim=8,
+        norm_num_groups=8,
+        addition_embed_type="text_time",
+        addition_time_embed_dim=8,
+        projection_class_embeddings_input_dim=8 * 6 + 16,
+    ).eval()
+    parts = dict(
+        text_encoder=None, text_encoder_2=None, tokenizer=None, tokenizer_2=None, scheduler=Euler(steps_offset=1)
+    )
+    pipe = StableDiffusionXLPipeline(vae=_vae(), unet=unet, **parts)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def sdxl_call(pipe: Any, steps: int = 4, **more: Any) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    pooled = {"pooled_prompt_embeds": torch.randn(1, 16, generator=g)}
+    pooled["negative_pooled_prompt_embeds"] = torch.randn(1, 16, generator=g)
+    return sd_call(pipe, steps=steps, **pooled, **more)
+
+
 def sd_call(pipe: Any, steps: int = 6, seed: int = 1, **more: Any) -> torch.Tensor:
     """One generation's latents (cond and uncond batched: classifier-free guidance 7)."""
     g = torch.Generator().manual_seed(0)

@@ -14,6 +14,7 @@ from diffusers import (
     FluxImg2ImgPipeline,
     HeunDiscreteScheduler,
     StableDiffusionImg2ImgPipeline,
+    StableDiffusionInpaintPipeline,
     UniPCMultistepScheduler,
 )
 from diffusers.pipelines.pipeline_utils import DiffusionPipeline
@@ -24,6 +25,8 @@ from diffusers_pipelines import (
     sd3_pipeline,
     sd_call,
     sd_pipeline,
+    sdxl_call,
+    sdxl_pipeline,
     wan_call,
     wan_pipeline,
 )
@@ -89,6 +92,30 @@ def test_without_guidance_and_with_several_images_per_prompt_it_is_tomesd(sd, gu
         assert torch.equal(sd_call(sd, guidance_scale=guidance, num_images_per_prompt=images), reference)
     finally:
         tome_core.remove_patch(sd)
+
+
+def test_sdxl_and_inpainting_are_tomesd(sd):
+    image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    mask = torch.zeros(1, 1, 32, 32)
+    mask[..., 8:24, 8:24] = 1
+    inpaint = StableDiffusionInpaintPipeline(**sd.components, requires_safety_checker=False)
+    inpaint.set_progress_bar_config(disable=True)
+    runs = [
+        (sdxl_pipeline(), sdxl_call, {}),
+        (inpaint, sd_call, dict(image=image, mask_image=mask, strength=0.9)),
+    ]
+    for pipe, call, kwargs in runs:
+        plain = call(pipe, **kwargs)
+        tomesd.apply_patch(pipe, ratio=0.5, use_rand=False)
+        reference = call(pipe, **kwargs)
+        tomesd.remove_patch(pipe)
+        tome_core.apply_patch(pipe, ratio=0.5, use_rand=False)
+        try:
+            assert torch.equal(call(pipe, **kwargs), reference) and not torch.equal(reference, plain)
+        finally:
+            tome_core.remove_patch(pipe)
+        assert torch.equal(call(pipe, **kwargs), plain)
+        _clean(pipe, pipe.unet)
 
 
 def test_img2img_built_from_the_same_parts_is_tomesd(sd):
