@@ -275,3 +275,38 @@ def sd3_call(pipe: Any, steps: int = 8, seed: int = 1, **more: Any) -> torch.Ten
     kwargs = {"height": 16, "width": 16, "guidance_scale": 4.0, "output_type": "latent", **more}
     generator = torch.Generator().manual_seed(seed)
     return _call(pipe, num_inference_steps=steps, generator=generator, **embeds, **kwargs).images
+
+
+def qwen_pipeline() -> Any:
+    from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
+
+    torch.manual_seed(11)
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=64,
+        out_channels=16,
+        num_layers=3,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        axes_dims_rope=(4, 6, 6),
+    ).eval()
+    torch.manual_seed(12)
+    vae = AutoencoderKLQwenImage(
+        base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
+    ).eval()
+    parts = dict(text_encoder=None, tokenizer=None, scheduler=FlowMatchEulerDiscreteScheduler())
+    pipe = QwenImagePipeline(vae=vae, transformer=transformer, **parts)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def qwen_call(pipe: Any, steps: int = 8, seed: int = 1, **more: Any) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    embeds = {
+        "prompt_embeds": torch.randn(1, 5, 32, generator=g),
+        "prompt_embeds_mask": torch.ones(1, 5, dtype=torch.long),
+    }
+    kwargs = {"height": 32, "width": 32, "true_cfg_scale": 1.0, "output_type": "latent", **more}
+    generator = torch.Generator().manual_seed(seed)
+    return _call(pipe, num_inference_steps=steps, generator=generator, **embeds, **kwargs).images

@@ -1,5 +1,5 @@
 """``cache_correction`` (issue 36): the step cache's deferred correction under the Euler sampler
-(``tome_core.caching.correction``). On every family it acts on (diffusers' SD3 too), the corrected pass moves ``x`` exactly as running
+(``tome_core.caching.correction``). On every family it acts on (diffusers' SD3 and Qwen-Image too), the corrected pass moves ``x`` exactly as running
 the cached step again with the interpolated residual would have; without gain, or where it cannot act, the pass is
 the cache's bit for bit, and a note says why (quietly at the default, 0.75); the model is left bit-identical."""
 
@@ -76,6 +76,34 @@ def _diffusers_sd3(m, x, s):
     )[0]
 
 
+def _qwen():
+    from diffusers import QwenImageTransformer2DModel as DiffusersQwenImage
+
+    torch.manual_seed(5)
+    return DiffusersQwenImage(
+        patch_size=2,
+        in_channels=16,
+        out_channels=4,
+        num_layers=3,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        axes_dims_rope=(2, 2, 4),
+    )
+
+
+def _diffusers_qwen(m, x, s):
+    mask = torch.ones(B, 5, dtype=torch.long)
+    return m(
+        hidden_states=x,
+        encoder_hidden_states=_context(),
+        encoder_hidden_states_mask=mask,
+        timestep=torch.full((B,), s),
+        img_shapes=[(1, 4, 4)] * B,
+        return_dict=False,
+    )[0]
+
+
 FAMILIES = {  # model, its latent, a call at sigma s
     "bfl-flux": (lambda: Flux(seed=3), (4, 8, 8), _flux),
     "wan": (lambda: WanModel(seed=5), (4, 3, 8, 8), _comfy(lambda s: 1000 * s)),
@@ -84,6 +112,7 @@ FAMILIES = {  # model, its latent, a call at sigma s
     "mmdit": (lambda: OpenAISignatureMMDITWrapper(seed=5), (4, 8, 8), _comfy(lambda s: 1000 * s)),
     "cosmos": (lambda: MiniTrainDIT(seed=5), (4, 2, 8, 8), _comfy(lambda s: s)),
     "diffusers-sd3": (_sd3, (4, 8, 8), _diffusers_sd3),
+    "diffusers-qwen": (_qwen, (16, 16), _diffusers_qwen),
 }
 
 

@@ -21,6 +21,8 @@ from diffusers.pipelines.pipeline_utils import DiffusionPipeline
 from diffusers_pipelines import (
     flux_call,
     flux_pipeline,
+    qwen_call,
+    qwen_pipeline,
     sd3_call,
     sd3_pipeline,
     sd_call,
@@ -353,20 +355,21 @@ def test_the_stochastic_flow_matching_euler_is_no_euler_for_the_correction():
     assert part.why_not is None and part.sigmas == [float(s) for s in euler.scheduler.sigmas]
 
 
-def test_sd3_is_cached_by_its_pipeline_and_corrected_under_flow_matching_euler():
-    pipe = sd3_pipeline()
-    plain = sd3_call(pipe)
+@pytest.mark.parametrize("family", ["sd3", "qwen"])
+def test_sd3_and_qwen_image_are_cached_by_their_pipelines_and_corrected_under_flow_matching_euler(family):
+    pipe, call = (sd3_pipeline(), sd3_call) if family == "sd3" else (qwen_pipeline(), qwen_call)
+    plain = call(pipe)
     tome_core.apply_patch(pipe, ratio=0, cache=True, cache_correction=0)
     try:
-        uncorrected = sd3_call(pipe)
+        uncorrected = call(pipe)
         (count,) = tome_core.cache_stats(pipe)
         assert count["cached"] > 0 and not tome_core.get_patch(pipe).last.notes
         tome_core.apply_patch(pipe, ratio=0, cache=True)
-        corrected = sd3_call(pipe)
+        corrected = call(pipe)
     finally:
         tome_core.remove_patch(pipe)
     assert not torch.equal(corrected, uncorrected) and not torch.equal(uncorrected, plain)
-    assert torch.equal(sd3_call(pipe), plain)
+    assert torch.equal(call(pipe), plain)
     _clean(pipe, pipe.transformer)
 
 
