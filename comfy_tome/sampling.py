@@ -177,13 +177,9 @@ def _sampler_sample(executor: Any, guider: Any, sigmas: Any, extra_args: dict, c
         run.note(*sampling.notes())
         cache = sampling.patches[0].report().cache
         sampling.remove()
-        info = {**R.infotext(settings, used_seed=settings.seed), **info}
         if cache is not None:
             run.count_cache(cache.passes)
-        if run.cache_steps_text:
-            info[R.CACHE_STEPS_KEY] = run.cache_steps_text
-        if run.cache_speed_text:
-            info[R.CACHE_SPEED_KEY] = run.cache_speed_text
+        info = {**R.infotext(settings, used_seed=settings.seed), **info, **run.cache_entries()}
         _say(run, info)
         _show(request.cache_node, run)
 

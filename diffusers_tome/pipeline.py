@@ -90,7 +90,6 @@ class PipelinePatch:
         self._parts: dict[str, Part] = {}
         self._done = 0  # the loop's steps done
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
-        self._controls: list[nn.Module] = []
 
     def _checked(self, settings: ToMeSettings) -> ToMeSettings:
         """``settings`` once every denoiser takes them (a ``cache_branch`` one of them lacks raises ``SettingsError``):
@@ -156,13 +155,10 @@ class PipelinePatch:
                 hook = functools.partial(self._place, name)
                 self._handles.append(model.register_forward_pre_hook(hook, with_kwargs=True, prepend=True))
             if settings.merges and settings.merge_controlnet:
-                first = names[0]  # the control models run beside the (first) denoiser, at its step
-                for control in control_models(self.pipe):
-                    self._controls.append(control)
-                    self.sessions[f"control {len(self._controls)}"] = apply_settings(
-                        control, settings.replace(cache=False)
-                    )
-                    hook = functools.partial(self._place, f"control {len(self._controls)}", part=self._parts.get(first))
+                first = self._parts.get(names[0])  # the control models run beside the (first) denoiser, at its step
+                for i, control in enumerate(control_models(self.pipe)):
+                    self.sessions[f"control {i}"] = apply_settings(control, settings.replace(cache=False))
+                    hook = functools.partial(self._place, f"control {i}", part=first)
                     self._handles.append(control.register_forward_pre_hook(hook, with_kwargs=True, prepend=True))
         except BaseException:
             self.end()
@@ -181,7 +177,7 @@ class PipelinePatch:
 
     def end(self) -> None:
         """The loop ended (or failed): say what happened and remove every hook of the loop."""
-        if not self.sessions and not self._controls:
+        if not self.sessions:
             return
         run = self.last
         try:
@@ -197,10 +193,9 @@ class PipelinePatch:
             for handle in self._handles:
                 handle.remove()
             self._handles.clear()
-            for model in [*(m for _, m in self.models), *self._controls]:
-                remove_patch(model)
+            for session in self.sessions.values():
+                remove_patch(session.root)
             self.sessions.clear()
-            self._controls.clear()
         if run is not None:
             _say(run)
 
@@ -211,10 +206,7 @@ class PipelinePatch:
 
 
 def _say(run: R.Run) -> None:
-    info = {**R.infotext(run.settings, None)}
-    for key, value in ((R.CACHE_STEPS_KEY, run.cache_steps_text), (R.CACHE_SPEED_KEY, run.cache_speed_text)):
-        if value:
-            info[key] = value
+    info = {**R.infotext(run.settings, None), **run.cache_entries()}
     log.info(", ".join(f"{key}: {value}" for key, value in info.items()))
     if run.note_text:
         log.warning(f"{R.NOTE_KEY}: {run.note_text}")

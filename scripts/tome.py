@@ -291,10 +291,7 @@ def _write_note(p: Any, run: R.Run) -> None:
     """The ``ToMe note`` infotext entry, when there is something to say, and the steps the cache ran."""
     if run.notes:
         p.extra_generation_params[R.NOTE_KEY] = run.note_text
-    if run.cache_steps_text is not None:
-        p.extra_generation_params[R.CACHE_STEPS_KEY] = run.cache_steps_text
-    if run.cache_speed_text is not None:
-        p.extra_generation_params[R.CACHE_SPEED_KEY] = run.cache_speed_text
+    p.extra_generation_params.update(run.cache_entries())
 
 
 def _unpatch(run: R.Run) -> None:

@@ -81,6 +81,12 @@ class Run:
                 parts.append(text if name == "first" else f"{name} {text}")
         return "; ".join(parts) or None
 
+    def cache_entries(self) -> dict[str, str]:
+        """The ``ToMe cache steps`` and ``ToMe cache speed-up`` entries (infotext, console line) where there is
+        something to say."""
+        entries = {CACHE_STEPS_KEY: self.cache_steps_text, CACHE_SPEED_KEY: self.cache_speed_text}
+        return {key: text for key, text in entries.items() if text is not None}
+
     @property
     def note_text(self) -> str | None:
         """The ``ToMe note`` infotext value, or None when there is nothing to say."""
