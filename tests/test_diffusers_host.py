@@ -373,46 +373,6 @@ def test_sd3_and_qwen_image_are_cached_by_their_pipelines_and_corrected_under_fl
     _clean(pipe, pipe.transformer)
 
 
-def test_transformers_with_fluxs_or_sd3s_names_but_other_calls_are_named_not_cached():
-    """diffusers' HunyuanVideo has FLUX's block lists and SD3's names, but its blocks take their streams by position
-    and return them the other way round: the cache stands aside and says so, the output is plain's."""
-    from diffusers import HunyuanVideoTransformer3DModel
-
-    torch.manual_seed(9)
-    model = HunyuanVideoTransformer3DModel(
-        in_channels=4,
-        out_channels=4,
-        num_attention_heads=2,
-        attention_head_dim=8,
-        num_layers=1,
-        num_single_layers=1,
-        num_refiner_layers=1,
-        mlp_ratio=2.0,
-        patch_size=1,
-        patch_size_t=1,
-        guidance_embeds=False,
-        text_embed_dim=16,
-        pooled_projection_dim=8,
-        rope_axes_dim=(2, 2, 4),
-    ).eval()
-    g = torch.Generator().manual_seed(0)
-    inputs = dict(
-        hidden_states=torch.randn(1, 4, 2, 4, 4, generator=g),
-        encoder_hidden_states=torch.randn(1, 3, 16, generator=g),
-        encoder_attention_mask=torch.ones(1, 3),
-        pooled_projections=torch.randn(1, 8, generator=g),
-        return_dict=False,
-    )
-    with torch.no_grad():
-        plain = [model(timestep=torch.tensor([t]), **inputs)[0] for t in (900, 600, 300)]
-        session = tome_core.apply_patch(model, ratio=0, cache=True, cache_interval=2)
-        for i, t in enumerate((900, 600, 300)):
-            session.set_progress(i / 3, 3)
-            assert torch.equal(model(timestep=torch.tensor([t]), **inputs)[0], plain[i])
-    assert session.report().notes == ("step cache off: the cache does not know this model's blocks",)
-    tome_core.remove_patch(model)
-
-
 @pytest.mark.parametrize("library", ["diffusers' FirstBlockCache", "cache-dit"])
 def test_beside_another_cache_ours_steps_aside_and_says_so(library, console):
     pipe = flux_pipeline()

@@ -20,6 +20,7 @@ and places every call of the model in the sampling for both.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,13 +29,16 @@ from torch import nn
 
 from .caching import ControlFollower, StepCache
 from .compiling import python_only_hook
-from .families import layout_for, transformer_blocks, unet_input
+from .families import aside, layout_for, transformer_blocks, unet_input
 from .holders import adapter_for
 from .merging import TokenMerger
 from .report import Report
 from .settings import ToMeSettings
 from .steps import StepClock
 
+_UNKNOWN = "step cache off: the cache does not know this model's blocks"
+"""The step cache's note where no family knows the model (:class:`~tome_core.caching.StepCache`); a class named in
+:data:`tome_core.families.ASIDE` gets its name and why after it."""
 _ATTR = "_tome_core_patch"  # our only attribute on the root module; tomesd's remove_patch ignores it
 
 
@@ -179,11 +183,16 @@ class Session:
     def report(self) -> Report:
         """What each capability did and could not do since the session began or :meth:`reset_report` (see
         :class:`Report`; its ``notes`` are the phrases a host shows). Never raises."""
+        cache = None if self.cache is None else self.cache.report()
+        why = aside(self.root) if cache is not None and self.layout is None else None
+        if why is not None:  # the cache's note that it does not know the model's blocks, with the class and why
+            notes = tuple(f"{n} ({why})" if n.startswith(_UNKNOWN) else n for n in cache.notes)
+            cache = dataclasses.replace(cache, notes=notes)
         return Report(
             model=self.name,
             forwards=self.forwards,
             merge=None if self.merger is None else self.merger.report(),
-            cache=None if self.cache is None else self.cache.report(),
+            cache=cache,
             merging=self.settings.merges,
             transformer=self.transformer,
         )

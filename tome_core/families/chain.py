@@ -26,6 +26,26 @@
   ``proj_out``; the timestep is the sigma times 1000. Other diffusers transformers have those three names too
   (HunyuanVideo, whose blocks return the streams the other way round): only that class is this family.
 
+Other diffusers transformers with one chain, each a family restricted to its class (their names are common ones):
+
+* HunyuanVideo 1.5 (``HunyuanVideo15Transformer3DModel``): ``transformer_blocks``, each called by position,
+  ``block(hidden_states, encoder_hidden_states, temb, ...)``, returning ``(hidden_states, encoder_hidden_states)``,
+  then ``norm_out(hidden_states, temb)`` (its time modulation inside) and ``proj_out``; the timestep is the
+  scheduler's (0–1000).
+* CogVideoX (``CogVideoXTransformer3DModel``, 1.0 and 1.5): ``transformer_blocks``, called with keywords and returning
+  ``(hidden_states, encoder_hidden_states)``, then ``norm_final`` (a plain LayerNorm: the entry), then the
+  time-modulated ``norm_out`` and ``proj_out``; the timestep is the scheduler's (0–1000).
+* Lumina 2 (``Lumina2Transformer2DModel``): ``layers``, each ``layer(hidden_states, mask, rotary_emb, temb)``
+  returning the joint stream (caption tokens, then the image's, padded), then ``norm_out(hidden_states, temb)`` (time
+  modulation and projection inside) over that joint stream; the timestep is ``1 − σ``.
+* LTX-Video (``LTXVideoTransformer3DModel``): ``transformer_blocks``, called with keywords and returning the token
+  stream, then ``norm_out`` (a plain LayerNorm: the entry), the modulation by ``scale_shift_table`` in the model's
+  forward, and ``proj_out``; the timestep is the scheduler's (0–1000).
+* Cosmos (``CosmosTransformer3DModel``: Cosmos 1.0, Predict2, Predict2.5, Transfer2.5): ``transformer_blocks``, each
+  called by position and returning the token stream (a Transfer ControlNet's residual added inside), then
+  ``norm_out(hidden_states, embedded_timestep, temb)`` (time modulation inside) and ``proj_out``; the timestep is
+  ``σ / (σ + 1)`` (Cosmos 1.0's EDM pipelines give the scheduler's own, another scale).
+
 A cached pass runs the first ``branch + 1`` blocks and skips the rest up to the output layer (:mod:`.residual`). These
 models run classifier-free guidance: cond and uncond are streams of their own (``cond_or_uncond``), and each model
 (Wan 2.2's two experts) has its own cache.
@@ -40,7 +60,7 @@ from torch import nn
 
 from ..settings import SettingsError
 from ..steps import call_arg
-from .residual import ResidualLayout, arg, sigma_time, tensor
+from .residual import HiddenFirst, ResidualLayout, arg, sigma_time, tensor
 
 
 def _first(args: tuple, kwargs: dict, name: str = "x") -> torch.Tensor | None:
@@ -139,3 +159,57 @@ class DiffusersSD3(ComfyQwenImage):
     time = (1.0, "timestep", "timesteps")
     stream_arg = "hidden_states"
     classes = ("SD3Transformer2DModel",)
+
+
+class DiffusersHunyuanVideo15(HiddenFirst, ChainLayout):
+    """HunyuanVideo 1.5 as diffusers' ``HunyuanVideo15Transformer3DModel`` runs it."""
+
+    names = ("transformer_blocks", "norm_out", "context_embedder_2")
+    stream_arg = "hidden_states"
+    entry_arg = "x"  # ``AdaLayerNormContinuous.forward(x, conditioning_embedding)``
+    classes = ("HunyuanVideo15Transformer3DModel",)
+
+
+class DiffusersCogVideoX(HiddenFirst, ChainLayout):
+    """CogVideoX as diffusers' ``CogVideoXTransformer3DModel`` runs it."""
+
+    names = ("transformer_blocks", "norm_final", "patch_embed")
+    stream_arg = "hidden_states"
+    entry_arg = "input"  # ``nn.LayerNorm.forward(input)``
+    classes = ("CogVideoXTransformer3DModel",)
+    corrects = False  # the time-modulated ``norm_out`` runs after the entry, ``norm_final``
+
+
+class DiffusersLumina2(ChainLayout):
+    """Lumina 2 as diffusers' ``Lumina2Transformer2DModel`` runs it."""
+
+    names = ("layers", "norm_out", "context_refiner")
+    stream_arg = "hidden_states"
+    entry_arg = "x"  # ``LuminaLayerNormContinuous.forward(x, conditioning_embedding)``
+    classes = ("Lumina2Transformer2DModel",)
+    corrects = False  # its pipeline rescales the guided prediction (``cfg_normalization``, on by default): not linear
+
+    def place(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, Any]:
+        t = tensor(call_arg(module, args, kwargs, "timestep"))
+        return _first(args, kwargs, self.stream_arg), sigma_time(1 - t if t is not None else None)
+
+
+class DiffusersLTXVideo(ChainLayout):
+    """LTX-Video as diffusers' ``LTXVideoTransformer3DModel`` runs it."""
+
+    names = ("transformer_blocks", "norm_out", "caption_projection")
+    stream_arg = "hidden_states"
+    entry_arg = "input"  # ``nn.LayerNorm.forward(input)``
+    classes = ("LTXVideoTransformer3DModel",)
+    corrects = False  # its output layer's time modulation runs in the model's forward, after ``norm_out``
+
+
+class DiffusersCosmos(ChainLayout):
+    """Cosmos as diffusers' ``CosmosTransformer3DModel`` runs it."""
+
+    names = ("transformer_blocks", "norm_out", "patch_embed")
+    time = (1000.0, "timestep", "timesteps")
+    stream_arg = "hidden_states"
+    entry_arg = "hidden_states"  # ``CosmosAdaLayerNorm.forward(hidden_states, embedded_timestep, temb)``
+    classes = ("CosmosTransformer3DModel",)
+    corrects = False  # its pipelines map the output to the Euler step with per-step weights (EDM's c_skip, c_out)

@@ -171,3 +171,15 @@ class ResidualLayout(Layout):
         if x is None or left is None or x.shape != deep.shape:
             return None
         return self.with_entry_image(args, kwargs, (left + deep.to(left.dtype)).to(x.dtype))
+
+
+class HiddenFirst:
+    """Blocks called ``block(hidden_states, encoder_hidden_states, ...)``, by position or keyword, that return
+    ``(hidden_states, encoder_hidden_states)``: the image stream first (diffusers' HunyuanVideo, HunyuanVideo 1.5,
+    CogVideoX). Mixed in before a :class:`ResidualLayout`."""
+
+    def stream_in(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        return tensor(arg(args, kwargs, 0, "hidden_states"))
+
+    def pass_on(self, index: int, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+        return arg(args, kwargs, 0, "hidden_states"), arg(args, kwargs, 1, "encoder_hidden_states")
