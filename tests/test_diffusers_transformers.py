@@ -18,6 +18,7 @@ from diffusers import (
     FlowMatchEulerDiscreteScheduler,
     Flux2Transformer2DModel,
     HunyuanVideo15Transformer3DModel,
+    HunyuanVideoFramepackTransformer3DModel,
     HunyuanVideoTransformer3DModel,
     LTXVideoTransformer3DModel,
     Lumina2Transformer2DModel,
@@ -140,6 +141,7 @@ def _hunyuan_video_call(m, x, s):  # HunyuanVideoPipeline: the scheduler's times
 def _hunyuan_video15():
     return _seeded(
         HunyuanVideo15Transformer3DModel,
+        HunyuanVideoFramepackTransformer3DModel,
         in_channels=4,
         out_channels=4,
         num_attention_heads=2,
@@ -421,4 +423,20 @@ def test_z_image_is_named_not_cached_and_its_pipeline_logs_why(console):
         assert f"ToMe note: {ZIMAGE_NOTE}" in console()
     finally:
         tome_core.remove_patch(pipe)
+    _untouched(model)
+
+
+def test_a_class_not_listed_with_the_same_block_lists_is_no_family_and_the_cache_says_it_does_not_know_it():
+    """HunyuanVideo Framepack has FLUX.1's and HunyuanVideo's names, blocks and output layer, but reads history
+    latents of its own into the stream: no family takes it (each is restricted to its classes), and the cache says
+    so without naming it (it is in no ``ASIDE`` entry)."""
+    config = dict(num_attention_heads=2, attention_head_dim=8, num_layers=1, num_single_layers=1, text_embed_dim=32)
+    model = _seeded(HunyuanVideoFramepackTransformer3DModel, in_channels=4, out_channels=4, **config)
+    assert isinstance(model.single_transformer_blocks, torch.nn.ModuleList) and hasattr(model, "x_embedder")
+    assert layout_for(model, 0) is None and families.aside(model) is None
+    session = tome_core.apply_patch(model, ratio=0, cache=True)
+    try:
+        assert session.report().notes == ("step cache off: the cache does not know this model's blocks",)
+    finally:
+        tome_core.remove_patch(model)
     _untouched(model)
