@@ -1,6 +1,7 @@
 """The step cache is DeepCache: against the ``deepcache==0.1.1`` package's ``DeepCacheSDHelper`` (uniform schedule)
 on a diffusers ``UNet2DConditionModel`` that carries the same weights (converted with diffusers' own ldm → diffusers
-converter), every step of a whole Euler + CFG sampling run matches ours, for branch 0 and deeper branches and
+converter), every step of a whole Euler + CFG sampling run matches ours — on the ldm UNet, and on that diffusers UNet
+itself (:class:`tome_core.families.DiffusersUNet`) — for branch 0 and deeper branches and
 intervals 2, 3 and 5, on the SD1.5 layout and the SDXL layout. ``deepcache`` and ``diffusers`` are oracles only."""
 
 from __future__ import annotations
@@ -108,9 +109,11 @@ def test_the_converted_unet_is_the_same_model(pair):
         )
 
 
+@pytest.mark.parametrize("on", ["ldm", "diffusers"])
 @pytest.mark.parametrize("branch, interval", [(0, 2), (0, 3), (0, 5), (1, 3), (3, 2), (3, 5)])
-def test_every_step_matches_deepcache(pair, branch, interval):
-    _, ours, theirs = pair
+def test_every_step_matches_deepcache(pair, branch, interval, on):
+    """Ours on the ldm UNet (the WebUI's, Forge's, ComfyUI's) and on the very diffusers UNet DeepCache ran on."""
+    _, ldm, theirs = pair
     steps = 2 * interval + 1  # the last step is a full one in both (ours always makes it full)
     sigmas = S.discrete_sigmas(steps)
     noise, ctx = inputs(interval + branch)
@@ -122,13 +125,13 @@ def test_every_step_matches_deepcache(pair, branch, interval):
         expected = sample_steps(lambda x, t: theirs(x, t, encoder_hidden_states=ctx).sample, noise, sigmas)
     finally:
         helper.disable()
+    ours = ldm if on == "ldm" else theirs
+    run = (lambda x, t: ldm(x, t.expand(2), ctx)) if on == "ldm" else lambda x, t: theirs(x, t, ctx).sample
     patch = tome_core.apply_patch(
         ours, ratio=0.0, cache=True, cache_interval=interval, cache_branch=branch, cache_forecast="off"
     )
     try:
-        got = sample_steps(
-            lambda x, t: ours(x, t.expand(2), ctx), noise, sigmas, lambda i, n: patch.set_progress(i / n, n)
-        )
+        got = sample_steps(run, noise, sigmas, lambda i, n: patch.set_progress(i / n, n))
         report = patch.report().cache
     finally:
         tome_core.remove_patch(ours)
@@ -136,5 +139,5 @@ def test_every_step_matches_deepcache(pair, branch, interval):
     assert (report.full, report.cached) == (full, steps - full)
     errors = [rel(a, b) for a, b in zip(got, expected)]
     assert len(errors) == steps and max(errors) < 1e-5, errors
-    plain = sample_steps(lambda x, t: ours(x, t.expand(2), ctx), noise, sigmas)
+    plain = sample_steps(run, noise, sigmas)
     assert rel(got[-1], plain[-1]) > 1e-4  # the cache changed something: the comparison is not plain vs plain

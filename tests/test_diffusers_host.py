@@ -4,12 +4,15 @@ as the loop. Tiny pipelines of diffusers' own classes (tests/diffusers_pipelines
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import tomesd
 import torch
 from diffusers import (
     DDIMScheduler,
     DPMSolverMultistepScheduler,
+    EulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
     FluxImg2ImgPipeline,
     HeunDiscreteScheduler,
@@ -227,23 +230,25 @@ def test_an_exception_inside_the_loop_leaves_nothing_behind_and_the_next_loop_is
     _clean(flux, flux.transformer)
 
 
-def _by_hand(pipe, steps: int, **settings):
-    """The same loop with the session on the transformer driven by hand: progress from the step callback, the Euler
-    sigmas the scheduler set (what the adapter reads for itself)."""
-    flux_call(pipe, steps=steps)  # the plain loop, to read its schedule
-    sigmas = [float(s) for s in pipe.scheduler.sigmas]
-    session = tome_core.apply_patch(pipe.transformer, ratio=0, cache=True, **settings)
+def _by_hand(pipe, steps: int, call=flux_call, denoiser: str = "transformer", **settings):
+    """The same loop with the session on the denoiser driven by hand: progress from the step callback, and on a
+    transformer the Euler sigmas the scheduler set (what the adapter reads for itself)."""
+    if denoiser == "transformer":
+        call(pipe, steps=steps)  # the plain loop, to read its schedule
+    model = getattr(pipe, denoiser)
+    session = tome_core.apply_patch(model, **{"ratio": 0, "cache": True, **settings})
     session.set_progress(0.0, steps)
-    session.set_euler(sigmas)
+    if denoiser == "transformer":
+        session.set_euler([float(s) for s in pipe.scheduler.sigmas])
 
     def report(p, i, t, kwargs):
         session.set_progress((i + 1) / steps, steps)
         return kwargs
 
     try:
-        return flux_call(pipe, steps=steps, callback_on_step_end=report), tome_core.cache_stats(pipe.transformer)
+        return call(pipe, steps=steps, callback_on_step_end=report), tome_core.cache_stats(model)
     finally:
-        tome_core.remove_patch(pipe.transformer)
+        tome_core.remove_patch(model)
 
 
 def test_the_pipeline_drives_the_cache_and_its_correction_as_a_session_driven_by_hand(flux):
@@ -335,13 +340,36 @@ def test_wan_22s_two_experts_each_run_their_own_part_as_a_pass_of_their_own():
     _clean(pipe, pipe.transformer, pipe.transformer_2)
 
 
-def test_a_unet_pipeline_with_the_cache_says_it_does_not_know_diffusers_unet_yet(sd, console):
-    tome_core.apply_patch(sd, ratio=0.5, use_rand=False, cache=True)
+SCHEDULERS = {
+    "euler": lambda: EulerDiscreteScheduler(steps_offset=1),
+    "ddim": lambda: DDIMScheduler(steps_offset=1),
+    "dpmpp_2m": lambda: DPMSolverMultistepScheduler(algorithm_type="dpmsolver++", solver_order=2, steps_offset=1),
+}
+
+
+@pytest.mark.parametrize(
+    "kind, scheduler", [("sd", name) for name in SCHEDULERS] + [("sdxl", "dpmpp_2m"), ("controlnet", "ddim")]
+)
+def test_the_unet_pipelines_drive_the_step_cache_as_a_session_driven_by_hand(kind, scheduler):
+    pipe = sdxl_pipeline() if kind == "sdxl" else sd_pipeline(controlnets=int(kind == "controlnet"))
+    pipe.scheduler = SCHEDULERS[scheduler]()
+    call = sdxl_call if kind == "sdxl" else sd_call
+    if kind == "controlnet":
+        image = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+        call = functools.partial(sd_call, image=image)
+    settings = dict(ratio=0.5, use_rand=False, cache=True, merge_controlnet=False)
+    plain = call(pipe, steps=8)
+    reference, stats = _by_hand(pipe, 8, call, "unet", **settings)
+    tome_core.apply_patch(pipe, **settings)
     try:
-        sd_call(sd, steps=4)
-        assert "step cache off: the cache does not know this model's blocks" in tome_core.get_patch(sd).last.notes
+        ours = call(pipe, steps=8)
+        assert tome_core.cache_stats(pipe) == stats and stats[0]["cached"] >= 4
+        assert torch.equal(ours, reference) and not torch.equal(ours, plain)
+        assert not tome_core.get_patch(pipe).last.notes
     finally:
-        tome_core.remove_patch(sd)
+        tome_core.remove_patch(pipe)
+    _clean(pipe, *(m for m in (pipe.unet, getattr(pipe, "controlnet", None)) if m is not None))
+    assert torch.equal(call(pipe, steps=8), plain)
 
 
 def test_the_stochastic_flow_matching_euler_is_no_euler_for_the_correction():

@@ -34,6 +34,7 @@ from .chain import (
 )
 from .flux import DiffusersFlux, DiffusersFlux2, DiffusersHunyuanVideo
 from .unet import (
+    DiffusersUNet,
     UNetLayout,
     block_holders,
     control_skipped,
@@ -44,6 +45,7 @@ from .unet import (
 
 FAMILIES: tuple[type[Layout], ...] = (
     UNetLayout,
+    DiffusersUNet,
     DiffusersFlux,
     BflFlux,
     ComfyWan,
@@ -100,6 +102,7 @@ __all__ = [
     "ComfyWan",
     "DiffusersFlux",
     "DiffusersSD3",
+    "DiffusersUNet",
     "DiffusersWan",
     "Layout",
     "PassState",

@@ -1,4 +1,5 @@
-"""The UNets: ldm's and sgm's ``UNetModel`` (A1111, SD1/SD2/SDXL), Forge's and ComfyUI's (DeepCache's layout).
+"""The UNets: ldm's and sgm's ``UNetModel`` (A1111, SD1/SD2/SDXL), Forge's and ComfyUI's (DeepCache's layout), and
+diffusers' ``UNet2DConditionModel`` read in that layout (:class:`DiffusersUNet`).
 
 A UNet's input blocks each leave a skip connection that the output block of the same depth takes back:
 ``input_blocks[i]`` feeds ``output_blocks[n - 1 - i]``, ``n = len(input_blocks)``. With ``branch`` ``b`` a cached
@@ -20,6 +21,7 @@ modules of a ControlNet model a cached call never reads (:func:`control_skipped`
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -84,16 +86,10 @@ def control_skipped(root: nn.Module, branch: int) -> list[nn.Module] | None:
 
 # --- the step cache's layout ------------------------------------------------------------------------------------
 
-
-def unet_blocks(root: nn.Module) -> tuple[list[nn.Module], nn.Module, list[nn.Module]] | None:
-    """``(input_blocks, middle_block, output_blocks)`` of an ldm/sgm/Forge-layout UNet (or ControlNet: no output
-    blocks, returns None), or None when ``root`` is not laid out so."""
-    inputs, middle, outputs = (getattr(root, name, None) for name in ("input_blocks", "middle_block", "output_blocks"))
-    if not isinstance(inputs, nn.ModuleList) or not isinstance(outputs, nn.ModuleList) or middle is None:
-        return None
-    if len(inputs) != len(outputs) or not inputs:
-        return None
-    return list(inputs), middle, list(outputs)
+Block = tuple[nn.Module, ...]
+"""One block of a UNet as the step cache sees it: the layers its host's loop calls, in order."""
+Blocks = tuple[list[Block], Block, list[Block]]
+"""A UNet's input blocks, middle block and output blocks."""
 
 
 def block_layers(block: nn.Module) -> list[nn.Module]:
@@ -103,25 +99,89 @@ def block_layers(block: nn.Module) -> list[nn.Module]:
     return list(block) if isinstance(block, nn.Sequential) and len(block) else [block]
 
 
-def _identity(blocks: tuple[list[nn.Module], nn.Module, list[nn.Module]]) -> list[int]:
-    """The identity of every block and of each one's layers, in order: what the cache wrapped and hooked."""
-    inputs, middle, outputs = blocks
-    return [id(unwrap(m)) for block in (*inputs, middle, *outputs) for m in (block, *block_layers(unwrap(block)))]
+def _ldm_blocks(root: nn.Module) -> tuple[Blocks, list[int]] | None:
+    """The blocks of an ldm/sgm/Forge-layout UNet (``input_blocks``, ``middle_block``, ``output_blocks``; a ControlNet
+    has no output blocks: None) and the identity of every block and of each one's layers, or None when ``root`` is not
+    laid out so."""
+    inputs, middle, outputs = (getattr(root, name, None) for name in ("input_blocks", "middle_block", "output_blocks"))
+    if not isinstance(inputs, nn.ModuleList) or not isinstance(outputs, nn.ModuleList) or middle is None:
+        return None
+    if len(inputs) != len(outputs) or not inputs:
+        return None
+    every = (*inputs, middle, *outputs)
+    identity = [id(unwrap(m)) for block in every for m in (block, *block_layers(unwrap(block)))]
+    blocks = [tuple(block_layers(block)) for block in every]
+    return (blocks[: len(inputs)], blocks[len(inputs)], blocks[len(inputs) + 1 :]), identity
 
 
-def _levels(blocks: tuple[list[nn.Module], nn.Module, list[nn.Module]]) -> list[tuple[nn.Module, int]]:
+_DIFFUSERS_DOWN = ("DownBlock2D", "CrossAttnDownBlock2D")
+_DIFFUSERS_MID = ("UNetMidBlock2D", "UNetMidBlock2DCrossAttn")
+_DIFFUSERS_UP = ("UpBlock2D", "CrossAttnUpBlock2D")
+_DIFFUSERS_SAMPLERS = {"downsamplers": "Downsample2D", "upsamplers": "Upsample2D"}
+
+
+def _diffusers_levels(block: nn.Module, names: tuple[str, ...], samplers: str) -> list[Block] | None:
+    """One of diffusers' down or up blocks as ldm's blocks: each resnet with its attention (if any), then its
+    resampler on its own (down) or with the last pair (up); None for a block of another kind."""
+    if type(block).__name__ not in names:
+        return None
+    resnets, attentions = block.resnets, getattr(block, "attentions", None)
+    pairs = [(r, attentions[i]) if attentions is not None else (r,) for i, r in enumerate(resnets)]
+    resamplers = list(getattr(block, samplers, None) or [])
+    if not pairs or any(type(m).__name__ != _DIFFUSERS_SAMPLERS[samplers] for m in resamplers):
+        return None
+    if samplers == "downsamplers":
+        return [*pairs, *((m,) for m in resamplers)]
+    return [*pairs[:-1], (*pairs[-1], *resamplers)]
+
+
+def _diffusers_blocks(root: nn.Module) -> tuple[Blocks, list[int]] | None:
+    """The blocks of diffusers' ``UNet2DConditionModel`` (and ``UNet2DModel``) in ldm's layout: ``conv_in``; each down
+    block's resnet-attention pairs and downsampler; the mid block; each up block's pairs, its upsampler with the last
+    (where ldm's output block holds its ``Upsample``): the skip connections pair up as ldm's. Down and up blocks of
+    the kinds SD1.x/2.x and SDXL have (the others resample inside resnets: not this layout); identity: every layer."""
+    names = ("conv_in", "down_blocks", "mid_block", "up_blocks", "conv_out")
+    conv_in, downs, mid, ups, conv_out = (getattr(root, name, None) for name in names)
+    if not all(isinstance(m, nn.Module) for m in (conv_in, mid, conv_out)):
+        return None
+    if not isinstance(downs, nn.ModuleList) or not isinstance(ups, nn.ModuleList):
+        return None
+    if type(mid).__name__ not in _DIFFUSERS_MID:
+        return None
+    inputs, outputs = [(conv_in,)], []
+    for block in downs:
+        levels = _diffusers_levels(block, _DIFFUSERS_DOWN, "downsamplers")
+        if levels is None:
+            return None
+        inputs += levels
+    for block in ups:
+        levels = _diffusers_levels(block, _DIFFUSERS_UP, "upsamplers")
+        if levels is None:
+            return None
+        outputs += levels
+    if len(inputs) != len(outputs):
+        return None
+    identity = [id(unwrap(m)) for block in (*inputs, (mid,), *outputs) for m in block]
+    return (inputs, (mid,), outputs), identity
+
+
+def _modules(block: Block) -> list[nn.Module]:
+    return [m for layer in block for m in unwrap(layer).modules()]
+
+
+def _levels(blocks: Blocks) -> list[tuple[Block, int]]:
     """Every block with its level (0: the latent's resolution; each level halves it): an input block after one that
     holds a ``Downsample`` runs a level deeper, the middle block at the deepest, an output block after one that holds
-    an ``Upsample`` a level shallower."""
+    an ``Upsample`` a level shallower (ldm's classes; diffusers' ``Downsample2D``, ``Upsample2D``)."""
     inputs, middle, outputs = blocks
     out, level = [], 0
     for block in inputs:
         out.append((block, level))
-        level += any(type(m).__name__ == "Downsample" for m in unwrap(block).modules())
+        level += any(type(m).__name__.startswith("Downsample") for m in _modules(block))
     out.append((middle, level))
     for block in outputs:
         out.append((block, level))
-        level -= any(type(m).__name__ == "Upsample" for m in unwrap(block).modules())
+        level -= any(type(m).__name__.startswith("Upsample") for m in _modules(block))
     return out
 
 
@@ -133,37 +193,53 @@ def _width(block: nn.Module) -> int:
 
 
 def _entry_input(args: tuple, kwargs: dict) -> torch.Tensor | None:
-    x = args[0] if args else kwargs.get("x")
+    x = args[0] if args else kwargs.get("x", kwargs.get("input_tensor"))
     return x if isinstance(x, torch.Tensor) and x.dim() == 4 else None
 
 
-class UNetLayout(Layout):
-    """A UNet's blocks for the step cache (see the module)."""
+@dataclass(frozen=True)
+class _Kept:
+    """What a full pass keeps of a skipped layer's call: its output's shape, dtype and device, and whether the output
+    was a one-tensor tuple (diffusers' attention blocks called with ``return_dict=False``)."""
 
-    def __init__(self, root: nn.Module, blocks: tuple[list[nn.Module], nn.Module, list[nn.Module]], branch: int):
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+    in_tuple: bool = False
+
+
+class UNetLayout(Layout):
+    """A UNet's blocks for the step cache (see the module): ldm/sgm/Forge/ComfyUI's (``input_blocks``, ...)."""
+
+    @staticmethod
+    def _found(root: nn.Module) -> tuple[Blocks, list[int]] | None:
+        """The model's blocks and their identity (what the cache wrapped and hooked), or None: not this layout."""
+        return _ldm_blocks(root)
+
+    def __init__(self, root: nn.Module, found: tuple[Blocks, list[int]], branch: int):
+        blocks, self._identity = found
         inputs, middle, outputs = blocks
         n = len(inputs)
         if not branch < n:
             raise SettingsError("cache_branch", branch, f"an integer from 0 to {n - 1} for this UNet")
         self.root = root
         entry = n - 1 - branch
-        self.entry = block_layers(outputs[entry])[0]  # the entry block's first layer: its input is the block's
-        self.start = block_layers(inputs[0])[0]
+        self.entry = outputs[entry][0]  # the entry block's first layer: its input is the block's
+        self.start = inputs[0][0]
         skipped_blocks = [*inputs[branch + 1 :], middle, *outputs[:entry]]
-        self.skipped = [layer for block in skipped_blocks for layer in block_layers(block)]
+        self.skipped = [layer for block in skipped_blocks for layer in block]
         self._below = len(self.skipped) - 1  # the skipped layer whose output enters the entry block
-        self._identity = _identity(blocks)
         self._skipped_blocks = {id(b) for b in skipped_blocks}
         self._blocks = blocks
 
     @classmethod
     def find(cls, root: nn.Module, branch: int) -> UNetLayout | None:
-        blocks = unet_blocks(root)
-        return None if blocks is None else cls(root, blocks, branch)
+        found = cls._found(root)
+        return None if found is None else cls(root, found, branch)
 
     def intact(self) -> bool:
-        blocks = unet_blocks(self.root)
-        return blocks is not None and _identity(blocks) == self._identity
+        found = self._found(self.root)
+        return found is not None and found[1] == self._identity
 
     def skipped_share(self, size: tuple[int, int] | None) -> float:
         """A block's work: its weights times its positions (a quarter at each level deeper) and, for a latent of known
@@ -173,27 +249,30 @@ class UNetLayout(Layout):
         work = []
         for block, level in _levels(self._blocks):
             n = positions / 4**level
-            attention = sum(2 * n * _width(t) for t in unwrap(block).modules() if is_transformer_block(t))
-            work.append((id(block), weights(unwrap(block)) / 4**level + attention))
+            attention = sum(2 * n * _width(t) for t in _modules(block) if is_transformer_block(t))
+            work.append((id(block), sum(weights(unwrap(layer)) for layer in block) / 4**level + attention))
         total = sum(w for _, w in work)
         return sum(w for key, w in work if key in self._skipped_blocks) / total if total else 0.0
 
     def place(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[Any, Any]:
         return unet_input(module, args, kwargs)
 
-    def keep(self, index: int, out: Any, args: tuple, kwargs: dict) -> Any:
-        return (out.shape, out.dtype, out.device) if isinstance(out, torch.Tensor) else None
+    def keep(self, index: int, out: Any, args: tuple, kwargs: dict) -> _Kept | None:
+        in_tuple = isinstance(out, tuple) and len(out) == 1
+        out = out[0] if in_tuple else out
+        return _Kept(out.shape, out.dtype, out.device, in_tuple) if isinstance(out, torch.Tensor) else None
 
-    def placeholder(self, index: int, args: tuple, kwargs: dict, state: PassState) -> torch.Tensor:
-        shape, dtype, device = state.kept[index]
-        return torch.zeros(shape, dtype=dtype, device=device)
+    def placeholder(self, index: int, args: tuple, kwargs: dict, state: PassState) -> Any:
+        kept = state.kept[index]
+        zeros = torch.zeros(kept.shape, dtype=kept.dtype, device=kept.device)
+        return (zeros,) if kept.in_tuple else zeros
 
     def _split(self, args: tuple, kwargs: dict, state: PassState) -> tuple[torch.Tensor, int] | None:
         """The entry block's input and the deep features' channels in it (what the layer below returned), or None."""
         x, below = _entry_input(args, kwargs), state.kept.get(self._below)
-        if x is None or below is None or not below[0][1] < x.shape[1]:
+        if x is None or below is None or not below.shape[1] < x.shape[1]:
             return None
-        return x, below[0][1]
+        return x, below.shape[1]
 
     def features(self, args: tuple, kwargs: dict, state: PassState) -> tuple[torch.Tensor, torch.Tensor] | None:
         found = self._split(args, kwargs, state)
@@ -211,4 +290,15 @@ class UNetLayout(Layout):
         if x is None or deep.shape[0] != x.shape[0] or deep.shape[2:] != x.shape[2:]:
             return None
         merged = torch.cat([deep, x[:, deep.shape[1] :]], dim=1)
-        return ((merged, *args[1:]), kwargs) if args else (args, {**kwargs, "x": merged})
+        if args:
+            return (merged, *args[1:]), kwargs
+        return args, {**kwargs, "x" if "x" in kwargs else "input_tensor": merged}
+
+
+class DiffusersUNet(UNetLayout):
+    """diffusers' UNets (``UNet2DConditionModel``: SD1.x/2.x, SDXL) in ldm's layout (:func:`_diffusers_blocks`): its
+    entry is an up block's resnet, called with the deep features and the skip connection concatenated, as ldm's."""
+
+    @staticmethod
+    def _found(root: nn.Module) -> tuple[Blocks, list[int]] | None:
+        return _diffusers_blocks(root)
