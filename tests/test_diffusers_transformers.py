@@ -141,7 +141,6 @@ def _hunyuan_video_call(m, x, s):  # HunyuanVideoPipeline: the scheduler's times
 def _hunyuan_video15():
     return _seeded(
         HunyuanVideo15Transformer3DModel,
-        HunyuanVideoFramepackTransformer3DModel,
         in_channels=4,
         out_channels=4,
         num_attention_heads=2,
