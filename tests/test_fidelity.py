@@ -278,3 +278,19 @@ def test_matched_speeds_judge_every_family_by_the_same_rule():
     assert F.matched(pts, 4.0)[0] == (None, "")
     (value, source), _ = F.matched(pts[:2], 1.5)  # every mode faster than the target: the best of them, said so
     assert value == 42.0 and source.endswith("1.80×, faster")
+
+
+@pytest.mark.parametrize("name", ["sd15", "sdxl"])
+def test_the_trained_models_as_diffusers_pipelines_are_the_same_models(name):
+    """benchmarks.lab.diffusers_unets: diffusers' converter gives the same UNet (SDXL's time ids add nothing)."""
+    from benchmarks.lab import diffusers_unets
+
+    pipe = diffusers_unets.pipeline(name)
+    labels = torch.tensor([0, 3])
+    cond = pipe.model.condition(labels)
+    x, t = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)), torch.tensor([500.0, 120.0])
+    more = {"added_cond_kwargs": {"text_embeds": cond["y"], "time_ids": torch.rand(2, 6) * 1024}} if "y" in cond else {}
+    with torch.no_grad():
+        ours = pipe.model.unet(x, t, **cond)
+        theirs = pipe.pipe.unet(x, t, encoder_hidden_states=cond["context"], **more).sample
+    assert (theirs - ours).norm() / ours.norm() < 1e-6
