@@ -54,6 +54,7 @@ from ..steps import Call
 from .correction import Correction
 from .forecast import Forecast
 from .forwards import Replaced, replace_forward, restore_forwards, skippable
+from .ranks import ALONE, Ranks
 from .schedule import Schedule, too_short
 
 log = logging.getLogger("tome_core")
@@ -128,6 +129,8 @@ class StepCache:
         self._shares: dict[tuple[int, int] | None, float] = {}  # latent size -> what a cached pass skips of the work
         self.make_schedule: Callable[[ToMeSettings], Schedule] = Schedule
         """Makes each stream's schedule (a benchmark may put another rule of the same interface here)."""
+        self.ranks: Ranks = ALONE
+        """The ranks that run each call together (context parallelism: :mod:`.ranks`, :meth:`set_ranks`)."""
         self.short_passes = False
         """Whether a transformer's pass too short for a forecast is cached too (a benchmark's measurement of it)."""
         self._originals: list[Replaced] = []
@@ -218,6 +221,13 @@ class StepCache:
         if why_not is not None:
             self._no_euler = why_not
 
+    def set_ranks(self, ranks: Ranks) -> None:
+        """The calls to come run on ``ranks`` together (a host's process group, :mod:`.ranks`): every rank decides
+        alike, and a rank whose decision fails makes every rank's fail. Set before the pass begins."""
+        self.ranks = ranks
+        for stream in self._streams.values():
+            stream.schedule.ranks = ranks
+
     def _euler_step(self, call: Call | None) -> int | None:
         """The index of ``call``'s step in the Euler schedule, where the correction acts on it; else None (with a
         note where it would have, for a gain set by hand)."""
@@ -233,7 +243,21 @@ class StepCache:
     # --- per call ---------------------------------------------------------------------------------------
     def begin(self, call: Call, x: Any = None) -> None:
         """Decide whether the call starting now (on the UNet input ``x``) runs in full or cached (the root's forward
-        pre-hook): its context (:class:`CacheCall`), made afresh."""
+        pre-hook): its context (:class:`CacheCall`), made afresh. On several ranks (:meth:`set_ranks`) the decision
+        ends with a meeting of all of them, which a rank whose decision raised attends too, so that every rank raises
+        (:mod:`.ranks`)."""
+        ranks = self.ranks
+        if ranks.world == 1:
+            return self._begin(call, x)
+        try:
+            self._begin(call, x)
+        except BaseException as error:
+            if not ranks.broken:
+                ranks.meet(error=error)  # raises ``error`` here, ``RanksFailed`` on the others
+            raise
+        ranks.meet()  # the call's last meeting: no rank goes on into the model's collectives while another has failed
+
+    def _begin(self, call: Call, x: Any = None) -> None:
         self.now = CacheCall(call)
         if not self.usable:
             return
@@ -273,6 +297,7 @@ class StepCache:
             if same
             else (self.make_schedule(self.settings), [], [])
         )
+        schedule.ranks = self.ranks
         self._streams[key] = stream = _Stream(
             call.shape, call.batch, call.step, schedule, forecasts=forecasts, corrections=corrections
         )

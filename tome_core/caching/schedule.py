@@ -32,6 +32,7 @@ import torch
 from ..settings import AUTO, ToMeSettings
 from ..steps import Call
 from .forecast import Forecast
+from .ranks import ALONE, Ranks
 
 SUBSAMPLE = 4
 """The signal's stride over the input's last two dimensions (1/16 of a latent's pixels)."""
@@ -91,6 +92,9 @@ class Schedule:
         self._last_time: float | None = None  # time: the sampler time of its last full step
         self._fulls = 0  # time: the stream's full steps so far
         self.last_signal: float | None = None  # the adaptive signal of the last candidate (for reports and tests)
+        self.ranks: Ranks = ALONE
+        """The ranks that run each call together (:mod:`.ranks`): the adaptive signal is summed over them."""
+        self.last_share: float | None = None  # the adaptive signal of this rank's share alone, at the last candidate
 
     def may_cache(self, call: Call, since_full: int, x: torch.Tensor | None, timed: bool = True) -> bool:
         """Whether ``call`` (on the input ``x``, ``since_full`` steps after the stream's last full one) may be cached:
@@ -98,7 +102,7 @@ class Schedule:
         from its forecast. The time schedule needs the pass's step count and places every call of a step by the
         step's first call's time (``call.step_time``), so that the streams of a step decide alike (DPM++ SDE's second
         call runs at another time); ``timed=False`` makes it the uniform schedule for this call."""
-        self.last_signal = None
+        self.last_signal = self.last_share = None
         step, progress, last, steps = call.step, call.progress, call.last, call.steps if timed else None
         step_time = call.time if call.step_time is None else call.step_time
         if self.timed and self._start is not None and self._last_time is not None and steps and step_time is not None:
@@ -118,10 +122,29 @@ class Schedule:
             return False
         if self._inputs is None:
             return True
+        if self.ranks.world > 1:
+            return self._together(call, x)
         expected = self._inputs.predict(call.time) if _usable(x) else None
         if expected is None or expected.shape != _signal(x).shape:
             return False
         self.last_signal = _relative_l1(_signal(x), expected)
+        return self.last_signal < self.settings.cache_threshold
+
+    def _together(self, call: Call, x: torch.Tensor | None) -> bool:
+        """The adaptive decision on several ranks: each measures its share of the input against its share's forecast,
+        the ranks sum the distance's numerator and denominator (and whether any had no forecast), and all compare the
+        whole input's distance with the threshold: one decision, the same on every rank."""
+        expected = self._inputs.predict(call.time) if _usable(x) else None
+        share = self.ranks.share(_signal(x)) if expected is not None else None
+        if share is None or expected.shape != share.shape:
+            self.ranks.meet((0.0, 0.0, 1.0))
+            return False
+        mine = torch.stack([(share - expected).abs().sum(), share.abs().sum(), share.new_zeros(())])
+        distance, scale, missing = self.ranks.meet(mine)  # the one read back
+        self.last_share = float(mine[0] / mine[1].clamp_min(torch.finfo(mine.dtype).tiny))
+        if missing:
+            return False
+        self.last_signal = distance / max(scale, torch.finfo(torch.float32).tiny)
         return self.last_signal < self.settings.cache_threshold
 
     def full(self, call: Call, x: torch.Tensor | None) -> None:
@@ -133,7 +156,7 @@ class Schedule:
             if self._start is None and self._last_time is not None and call.progress is not None:
                 self._start = (call.progress, self._last_time)
         if self._inputs is not None and _usable(x):
-            self._inputs.add(call.time, _signal(x).clone())
+            self._inputs.add(call.time, self.ranks.share(_signal(x)).clone())
 
     def _uniform_fulls(self, steps: int) -> int:
         """The full steps the uniform schedule runs in this stream's pass of ``steps``, from its first full step."""
