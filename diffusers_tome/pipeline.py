@@ -36,6 +36,7 @@ from tome_core.report import PassCount
 from tome_core.session import Session, apply_settings, remove_patch
 from tome_core.settings import ToMeSettings
 
+from .parallel import join
 from .schedule import Part, parts
 
 log = logging.getLogger("tome_core")
@@ -149,6 +150,7 @@ class PipelinePatch:
                     self.last.note(f"step cache off: {other} already caches {name} (two caches never both run)")
                 session = apply_settings(model, settings if other is None else settings.replace(cache=False))
                 self.sessions[name] = session
+                join(session, model)  # under diffusers' parallelism: the ranks its cache decides with (.parallel)
                 part = self._parts.get(name)
                 if part is not None:
                     session.set_euler(part.sigmas, part.why_not)
