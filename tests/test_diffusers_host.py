@@ -421,3 +421,28 @@ def test_beside_another_cache_ours_steps_aside_and_says_so(library, console):
         assert tome_core.get_patch(pipe).last.notes == [note] and f"ToMe note: {note}" in console()
     finally:
         tome_core.remove_patch(pipe)
+
+
+def _sd_schedulers() -> list:
+    """Every scheduler diffusers lists as compatible with the SD pipeline (those whose package is absent: skipped)."""
+    return sorted(sd_pipeline().scheduler.compatibles, key=lambda c: c.__name__)
+
+
+@pytest.mark.parametrize("scheduler", _sd_schedulers(), ids=lambda c: c.__name__)
+def test_under_every_scheduler_diffusers_ships_for_sd_the_loop_drives_the_cache_by_itself(sd, scheduler):
+    original = sd.scheduler
+    try:
+        sd.scheduler = scheduler.from_config(original.config)
+    except ImportError as missing:  # DPMSolverSDEScheduler without torchsde
+        pytest.skip(str(missing).strip().splitlines()[0])
+    tome_core.apply_patch(sd, ratio=0, cache=True)
+    try:
+        out = sd_call(sd, steps=8)
+        ((stats),) = tome_core.cache_stats(sd)
+        assert stats["full"] + stats["cached"] == 8 and stats["cached"] >= 3 and torch.isfinite(out).all()
+        two_calls = "cache schedule uniform: the sampler calls the UNet at two times a step"
+        assert set(tome_core.get_patch(sd).last.notes) <= {two_calls}
+    finally:
+        tome_core.remove_patch(sd)
+        sd.scheduler = original
+    _clean(sd, sd.unet)
