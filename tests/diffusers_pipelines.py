@@ -170,12 +170,13 @@ def flux_pipeline(scheduler: Any = None) -> FluxPipeline:
     return pipe
 
 
-def flux_call(pipe: Any, steps: int = 8, seed: int = 1, **more: Any) -> torch.Tensor:
+def flux_call(pipe: Any, steps: int = 8, seed: int = 1, text: int = 5, **more: Any) -> torch.Tensor:
+    """One generation's latents; ``text``: the prompt's tokens (context parallelism splits them: even there)."""
     g = torch.Generator().manual_seed(0)
     kwargs = {"height": 16, "width": 16, "guidance_scale": 1.0, "output_type": "latent", **more}
     return _call(
         pipe,
-        prompt_embeds=torch.randn(1, 5, 32, generator=g),
+        prompt_embeds=torch.randn(1, text, 32, generator=g),
         pooled_prompt_embeds=torch.randn(1, 32, generator=g),
         num_inference_steps=steps,
         generator=torch.Generator().manual_seed(seed),
