@@ -20,7 +20,6 @@ and places every call of the model in the sampling for both.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,9 +35,6 @@ from .report import Report
 from .settings import ToMeSettings
 from .steps import StepClock
 
-_UNKNOWN = "step cache off: the cache does not know this model's blocks"
-"""The step cache's note where no family knows the model (:class:`~tome_core.caching.StepCache`); a class named in
-:data:`tome_core.families.ASIDE` gets its name and why after it."""
 _ATTR = "_tome_core_patch"  # our only attribute on the root module; tomesd's remove_patch ignores it
 
 
@@ -97,7 +93,8 @@ class Session:
         self.layout = layout_for(root, settings.cache_branch if settings.caches else 0) if wanted else None
         self.transformer = self.layout is not None and self.layout.transformer
         self.merger = TokenMerger(root, settings, blocks) if blocks and not self.transformer else None
-        self.cache = StepCache(root, settings, self.layout) if settings.caches else None
+        why = aside(root) if self.layout is None else None
+        self.cache = StepCache(root, settings, self.layout, why) if settings.caches else None
         self.follower = ControlFollower(root, leader) if leader is not None else None  # a control model's
         self._place = self.layout.place if self.layout is not None else unet_input
         self._install()
@@ -183,16 +180,11 @@ class Session:
     def report(self) -> Report:
         """What each capability did and could not do since the session began or :meth:`reset_report` (see
         :class:`Report`; its ``notes`` are the phrases a host shows). Never raises."""
-        cache = None if self.cache is None else self.cache.report()
-        why = aside(self.root) if cache is not None and self.layout is None else None
-        if why is not None:  # the cache's note that it does not know the model's blocks, with the class and why
-            notes = tuple(f"{n} ({why})" if n.startswith(_UNKNOWN) else n for n in cache.notes)
-            cache = dataclasses.replace(cache, notes=notes)
         return Report(
             model=self.name,
             forwards=self.forwards,
             merge=None if self.merger is None else self.merger.report(),
-            cache=cache,
+            cache=None if self.cache is None else self.cache.report(),
             merging=self.settings.merges,
             transformer=self.transformer,
         )

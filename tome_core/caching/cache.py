@@ -115,10 +115,11 @@ def _later_time(call: Call) -> bool:
 
 class StepCache:
     """The step cache of one model (see the module), on its family's layout (:attr:`layout`, found by the session at
-    ``cache_branch``; None: a model no family knows, and the cache stands aside with a note). Made and removed by
+    ``cache_branch``; None: a model no family knows, and the cache stands aside with a note, which ``aside`` completes:
+    the model's class and why no family knows it, :func:`tome_core.families.aside`). Made and removed by
     :class:`tome_core.session.Session`."""
 
-    def __init__(self, root: nn.Module, settings: ToMeSettings, layout: Layout | None):
+    def __init__(self, root: nn.Module, settings: ToMeSettings, layout: Layout | None, aside: str | None = None):
         self.root = root
         self.layout = layout
         self.settings = settings.resolved(*(self.layout or Layout).auto)  # what ``auto`` means on this model
@@ -148,7 +149,8 @@ class StepCache:
         """Whether the correction's standing aside is said (a note): for a gain set by hand, not at the default, which
         corrects wherever it is exact and stays quiet elsewhere (UNets, other samplers, hosts without the schedule)."""
         if self.layout is None:
-            self._notes.append("step cache off: the cache does not know this model's blocks")
+            why = f" ({aside})" if aside else ""
+            self._notes.append(f"step cache off: the cache does not know this model's blocks{why}")
         elif self._says_why_uncorrected and not self.layout.corrects:
             self._notes.append(CORRECTION_FAMILY_NOTE)
 
