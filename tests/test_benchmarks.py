@@ -247,3 +247,26 @@ def test_cache_costs_section_replaces_itself_in_results(tmp_path):
         write_section(text, cache_costs.BEGIN, cache_costs.END, path)
     written = path.read_text(encoding="utf-8")
     assert written.count(cache_costs.BEGIN) == 1 and "| SD1.5 1024 px, batch 2 |" in written
+
+
+def test_diffusers_home_quick_runs_every_kind_of_method_in_its_pipeline_and_writes_nothing():
+    """``python -m benchmarks.quality.diffusers_home --quick``: ours, DeepCache, cache-dit and diffusers' cache on the
+    real diffusers pipelines (the SD1.5-layout UNet, the FLUX-layout transformer), and the tomesd-vs-ours width
+    check, under a minute; the section is printed, RESULTS.md and the run file are left alone."""
+    from benchmarks.quality import diffusers_home
+
+    before = digest(suite.RESULTS)
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.quality.diffusers_home", "--quick", "--workers", "1"],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert digest(suite.RESULTS) == before
+    text = out[out.index(diffusers_home.BEGIN) : out.index(diffusers_home.END)]
+    for row in ("`ours`", "`deepcache-N3`", "`cache-dit default`", "`diffusers fbcache`", "tomesd against ours"):
+        assert row in text, row
+    assert "| SD1.5 layout, Euler |" in text  # the bar's row
