@@ -31,7 +31,9 @@ import torch
 from torch import nn
 
 from tome_core import run as R
+from tome_core.compiling import python_only
 from tome_core.families import has_transformer_blocks
+from tome_core.families.base import unwrap
 from tome_core.report import PassCount
 from tome_core.session import Session, apply_settings, remove_patch
 from tome_core.settings import ToMeSettings
@@ -64,15 +66,36 @@ def control_models(pipe: Any) -> list[nn.Module]:
 def other_cache(model: nn.Module) -> str | None:
     """The step cache already on ``model``, by name, or None: diffusers' own (``enable_cache``: First Block Cache,
     TaylorSeer, MagCache, FasterCache, PAB; ``model._cache_config``), cache-dit's (``enable_cache(pipe)`` marks the
-    transformer ``_is_cached``), or DeepCache's ``DeepCacheSDHelper`` (an instance ``forward`` on the UNet)."""
+    transformer ``_is_cached``), or DeepCache's ``DeepCacheSDHelper`` (an instance ``forward`` on the UNet, under
+    any of accelerate's and diffusers' hooks: :func:`_foreign_forward`)."""
     config = getattr(model, "_cache_config", None)
     if config is not None:
         return f"diffusers' {type(config).__name__.removesuffix('Config')}"
     if getattr(model, "_is_cached", False) is True:
         return "cache-dit"
-    if "forward" in vars(model):
+    if _foreign_forward(model):
         return "another wrapper of its forward (DeepCache's helper)"
     return None
+
+
+def _foreign_forward(model: nn.Module) -> bool:
+    """Whether an instance ``forward`` that is neither accelerate's hook (``enable_model_cpu_offload``, sequential
+    offload: ``add_hook_to_module`` keeps the forward it wraps as ``_old_forward``) nor diffusers' hook registry (group
+    offloading, layerwise casting: ``_diffusers_hook``, which keeps the forward its first hook wraps) wraps ``model``'s
+    own: those run the model's call unchanged, what is under them is looked at in turn."""
+    forward = vars(model).get("forward")
+    for _ in range(8):  # a few wrappers deep at most; deeper is treated as foreign
+        if forward is None or getattr(forward, "__func__", None) is type(model).forward:
+            return False  # the class's own forward
+        qualname = getattr(getattr(forward, "func", None), "__qualname__", "")  # both wrap with functools.partial
+        if qualname.startswith("add_hook_to_module.") and "_old_forward" in vars(model):
+            forward = vars(model)["_old_forward"]
+        elif qualname.startswith("HookRegistry.") and getattr(model, "_diffusers_hook", None) is not None:
+            first = model._diffusers_hook._fn_refs[0]
+            forward = first.original_forward if first.original_forward is not None else first.forward
+        else:
+            return True
+    return True
 
 
 class PipelinePatch:
@@ -96,7 +119,7 @@ class PipelinePatch:
         """``settings`` once every denoiser takes them (a ``cache_branch`` one of them lacks raises ``SettingsError``):
         a session made and removed again on each, nothing left."""
         for _, model in self.models:
-            Session(model, settings).remove()
+            Session(unwrap(model), settings).remove()
         return settings
 
     def configure(self, settings: ToMeSettings) -> None:
@@ -144,7 +167,11 @@ class PipelinePatch:
         names = [name for name, _ in self.models]
         self._parts = parts(self.pipe, names, total) if total else {}
         try:
-            for name, model in self.models:
+            for name, held in self.models:
+                # ``torch.compile(pipe.transformer)``: the session on the module it holds, whose hooks and blocks the
+                # compiled call runs (ToMe's decisions out of its graph: :mod:`tome_core.compiling`); our step's hook
+                # on the wrapper, before the compiled call
+                model = unwrap(held)
                 other = other_cache(model) if settings.caches else None
                 if other is not None:  # two caches never both run; merging stays
                     self.last.note(f"step cache off: {other} already caches {name} (two caches never both run)")
@@ -155,7 +182,7 @@ class PipelinePatch:
                 if part is not None:
                     session.set_euler(part.sigmas, part.why_not)
                 hook = functools.partial(self._place, name)
-                self._handles.append(model.register_forward_pre_hook(hook, with_kwargs=True, prepend=True))
+                self._handles.append(held.register_forward_pre_hook(hook, with_kwargs=True, prepend=True))
             if settings.merges and settings.merge_controlnet:
                 first = self._parts.get(names[0])  # the control models run beside the (first) denoiser, at its step
                 for i, control in enumerate(control_models(self.pipe)):
@@ -166,6 +193,7 @@ class PipelinePatch:
             self.end()
             raise
 
+    @python_only  # under ``pipe.transformer.compile()`` too: read afresh at every call, never traced into a graph
     def _place(self, name: str, module: nn.Module, args: tuple, kwargs: dict, part: Part | None = None) -> None:
         """Before a call of the model whose session is ``name``: its progress in its part of the loop (``part``, else
         the denoiser's own), before the session places the call."""
