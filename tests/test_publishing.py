@@ -80,15 +80,25 @@ def test_the_license_is_mit_and_the_project_says_so():
     assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
 
 
-def test_the_wheel_carries_the_license(tmp_path):
-    copy = _tracked_copy(tmp_path)  # a build writes build/ and *.egg-info beside the sources
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory) -> Path:
+    return _tracked_copy(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="module")
+def wheel(checkout) -> Path:
+    out = checkout.parent  # a build writes build/ and *.egg-info beside the sources
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(copy), "-w", tmp_path],
-        cwd=tmp_path,
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(checkout), "-w", out],
+        cwd=out,
         check=True,
         capture_output=True,
     )
-    (wheel,) = tmp_path.glob("tome_core-*.whl")
+    (built,) = out.glob("tome_core-*.whl")
+    return built
+
+
+def test_the_wheel_carries_the_license(wheel):
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         (licence,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
@@ -98,6 +108,76 @@ def test_the_wheel_carries_the_license(tmp_path):
     assert "License-Expression: MIT" in head and "License-File: LICENSE" in head
     assert {"tome_core/__init__.py", "tome_core/holders.py", "diffusers_tome/__init__.py"} <= set(names)
     assert not any(n.split("/")[0] in {"comfy_tome", "webui_tome", "scripts", "tests", "benchmarks"} for n in names)
+
+
+SEED = """
+import sys, torch, tome_core, diffusers_tome
+from diffusers import EulerDiscreteScheduler, StableDiffusionPipeline
+from diffusers_pipelines import sd_call, sd_pipeline  # the tests' tiny pipeline (tests/ on the path, not the repository)
+assert tome_core.__file__.startswith(sys.prefix) and diffusers_tome.__file__.startswith(sys.prefix), tome_core.__file__
+pipe = sd_pipeline()
+plain = sd_call(pipe, steps=3)
+tome_core.apply_patch(pipe, ratio=0.5)
+merged = sd_call(pipe, steps=3)
+assert isinstance(tome_core.get_patch(pipe), diffusers_tome.PipelinePatch) and not torch.equal(merged, plain)
+tome_core.remove_patch(pipe)
+assert torch.equal(sd_call(pipe, steps=3), plain)
+print("seed snippet ok")
+"""
+
+
+def _clean_venv(where: Path) -> Path:
+    """A fresh venv (no site packages, no pip) that sees this checkout's torch and diffusers through a path file, not
+    its packages: none of the repository's files, none of its installs (a path line adds the folder only; the ``.pth``
+    files in it are not read)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, capture_output=True)
+    python = where / "bin" / "python"
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    outer = next(p for p in sys.path if p.endswith("site-packages") and (Path(p) / "torch").is_dir())
+    (Path(site) / "outer_site.pth").write_text(outer + "\n")
+    return python
+
+
+@pytest.mark.parametrize("source", ["wheel", "git+file"])
+def test_pip_installs_the_core_and_the_diffusers_adapter_without_a_webui(source, request, tmp_path):
+    """``pip install .`` (the wheel it builds) or ``pip install git+file://...`` into a clean venv, without
+    dependencies (torch and diffusers come from this environment, see :func:`_clean_venv`), then the seed's snippet
+    from outside the repository."""
+    python = _clean_venv(tmp_path / "venv")
+    target = (
+        str(request.getfixturevalue("wheel"))
+        if source == "wheel"
+        else f"git+file://{request.getfixturevalue('checkout')}"
+    )
+    install = [
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        str(python),
+        "install",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+    ]
+    done = subprocess.run([*install, target], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (info,) = Path(tmp_path / "venv").glob("lib/python*/site-packages/tome_core-*.dist-info")
+    assert (info / "licenses" / "LICENSE").read_text() == (ROOT / "LICENSE").read_text()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(ROOT / "tests")  # the tiny pipeline only: tests/ holds no tome_core
+    ran = subprocess.run([python, "-c", SEED], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0 and "seed snippet ok" in ran.stdout, ran.stdout + ran.stderr
+
+
+def test_the_package_list_holds_the_core_and_the_diffusers_adapter():
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert find["include"] == ["tome_core*", "diffusers_tome*"]
 
 
 @pytest.mark.skipif(not COMFY_CLI.exists(), reason="comfy-cli is installed by .ci/setup (.venv-comfy-cli)")
