@@ -30,9 +30,10 @@ from benchmarks.lab.results import load_run_data
 
 # --- UNets ------------------------------------------------------------------------------------------------------------
 
-UNET_METHODS = ("plain", "ours", "ours-merge", "ours-merge+cache", "tomesd", "deepcache-N3")
+UNET_METHODS = ("plain", "ours", "ours-N4", "ours-merge", "ours-merge+cache", "tomesd", "deepcache-N3")
 """``ours``: ``apply_patch(pipe, ratio=0, cache=True)`` (its defaults: interval 3, calibrated forecast, time
-schedule); ``ours-merge``: ``ratio=0.5, use_rand=False``; ``ours-merge+cache``: both; ``tomesd``:
+schedule); ``ours-N<n>``: the same at ``cache_interval=n`` (N=4: at least DeepCache N=3's speed, which runs its last
+step cached where ours runs it in full); ``ours-merge``: ``ratio=0.5, use_rand=False``; ``ours-merge+cache``: both; ``tomesd``:
 ``tomesd.apply_patch(pipe, ratio=0.5)``; ``deepcache-N<n>``: ``DeepCacheSDHelper`` at ``cache_interval=n``,
 ``cache_branch_id=0``."""
 MERGE = dict(ratio=0.5, use_rand=False)
@@ -76,6 +77,8 @@ def unet_applied(pipe, method: str) -> Iterator[dict]:
     try:
         if method == "ours":
             tome_core.apply_patch(pipe, ratio=0.0, cache=True)
+        elif method.startswith("ours-N"):
+            tome_core.apply_patch(pipe, ratio=0.0, cache=True, cache_interval=int(method.removeprefix("ours-N")))
         elif method == "ours-merge":
             tome_core.apply_patch(pipe, **MERGE)
         elif method == "ours-merge+cache":
@@ -89,7 +92,7 @@ def unet_applied(pipe, method: str) -> Iterator[dict]:
         elif method != "plain":
             raise ValueError(f"unknown method {method!r}")
         yield out
-        if method in ("ours", "ours-merge+cache"):
+        if method in ("ours", "ours-merge+cache") or method.startswith("ours-N"):
             stats = tome_core.cache_stats(pipe)
             out["counts"] = {"full": stats[-1]["full"], "cached": stats[-1]["cached"]}
         else:
@@ -188,28 +191,12 @@ def _cache_dit_on(pipe, steps: int, p: dict | None) -> None:
     """cache-dit on the pipeline: its defaults (``p`` None), else the setting's DBCache with cond and uncond as the
     separate calls the pipeline makes."""
     import cache_dit
-    from cache_dit import DBCacheConfig, FoCaCalibratorConfig, TaylorSeerCalibratorConfig
 
     with contextlib.redirect_stdout(io.StringIO()):
         if p is None:
             cache_dit.enable_cache(pipe)
         else:
-            mask = p.get("mask")
-            config = DBCacheConfig(
-                Fn_compute_blocks=p["Fn"],
-                Bn_compute_blocks=p["Bn"],
-                residual_diff_threshold=p.get("threshold", 0.08),
-                max_warmup_steps=p.get("warmup", 0 if mask else 8),
-                num_inference_steps=steps,
-                enable_separate_cfg=True,
-                steps_computation_mask=None if mask is None else list(mask),
-                steps_computation_policy=p.get("policy", "dynamic"),
-            )
-            calibrator = {
-                "none": lambda: None,
-                "taylorseer": lambda: TaylorSeerCalibratorConfig(taylorseer_order=p.get("order", 1)),
-                "foca": lambda: FoCaCalibratorConfig(),
-            }[p.get("calibrator", "none")]()
+            config, calibrator = L.cache_dit_configs(steps, p, separate_cfg=True)
             cache_dit.enable_cache(pipe, cache_config=config, calibrator_config=calibrator)
     L._quiet()
 

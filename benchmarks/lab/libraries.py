@@ -24,6 +24,7 @@ import logging
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -197,8 +198,9 @@ def _quiet() -> None:
             logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def _cache_dit(transformer: torch.nn.Module, steps: int, p: dict) -> Callable[[], None]:
-    import cache_dit
+def cache_dit_configs(steps: int, p: dict, separate_cfg: bool) -> tuple[Any, Any]:
+    """cache-dit's DBCache configuration and calibrator (or None) for the setting ``p``, over ``steps`` steps;
+    ``separate_cfg``: whether cond and uncond come as separate calls (a pipeline's true CFG) or batched in one."""
     from cache_dit import DBCacheConfig, FoCaCalibratorConfig, TaylorSeerCalibratorConfig
 
     mask = p.get("mask")
@@ -208,17 +210,24 @@ def _cache_dit(transformer: torch.nn.Module, steps: int, p: dict) -> Callable[[]
         residual_diff_threshold=p.get("threshold", 0.08),
         max_warmup_steps=p.get("warmup", 0 if mask else 8),
         num_inference_steps=steps,
-        enable_separate_cfg=False,  # cond and uncond run batched in one call
+        enable_separate_cfg=separate_cfg,
         steps_computation_mask=None if mask is None else list(mask),
         steps_computation_policy=p.get("policy", "dynamic"),
     )
     calibrator = {
-        "none": None,
+        "none": lambda: None,
         "taylorseer": lambda: TaylorSeerCalibratorConfig(taylorseer_order=p.get("order", 1)),
         "foca": lambda: FoCaCalibratorConfig(),
-    }[p.get("calibrator", "none")]
+    }[p.get("calibrator", "none")]()
+    return config, calibrator
+
+
+def _cache_dit(transformer: torch.nn.Module, steps: int, p: dict) -> Callable[[], None]:
+    import cache_dit
+
+    config, calibrator = cache_dit_configs(steps, p, separate_cfg=False)  # cond and uncond batched in one call
     with contextlib.redirect_stdout(io.StringIO()):
-        cache_dit.enable_cache(transformer, cache_config=config, calibrator_config=calibrator and calibrator())
+        cache_dit.enable_cache(transformer, cache_config=config, calibrator_config=calibrator)
     _quiet()
 
     def remove() -> None:

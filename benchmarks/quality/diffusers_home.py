@@ -22,6 +22,8 @@ The quality runs go to worker processes (``--workers``, one torch thread each); 
     python -m benchmarks.quality.diffusers_home            # the run; writes its RESULTS.md section and the plot
     python -m benchmarks.quality.diffusers_home --quick    # 2 seeds, 4 steps, a few runs: prints only
     python -m benchmarks.quality.diffusers_home --render   # the section (and plot) again from the saved run
+    python -m benchmarks.quality.diffusers_home --unets-again   # the UNets and the width check again, the
+                                                               # transformers' runs kept from the saved run
 """
 
 from __future__ import annotations
@@ -269,6 +271,8 @@ def _versions() -> dict:
 def run(args) -> tuple[dict, dict]:
     start = time.perf_counter()
     p = plan(args)
+    if args.unets_again:  # the UNet pipelines and the width check measured again, the transformers' runs kept
+        p["dits"] = ()
     steps = p["steps"]
     tasks: list[tuple] = [("width", *p["width"], args.quick)]
     keys: list[tuple] = [("width",)]
@@ -329,6 +333,15 @@ def run(args) -> tuple[dict, dict]:
         "seconds": round(time.perf_counter() - start, 1),
         "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
+    if args.unets_again:
+        kept, before = load_run_data(RUN)
+        results["dits"] = kept["dits"]
+        meta.update(
+            flux_seeds=before.get("flux_seeds", before["seeds"]),
+            wan_seeds=before["wan_seeds"],
+            dits_timing_rounds=before.get("dits_timing_rounds", before["timing_rounds"]),
+            dits_finished=before.get("dits_finished", before["finished"]),
+        )
     return results, meta
 
 
@@ -365,21 +378,32 @@ def _table(group: dict, title: str) -> list[str]:
 
 def _bar(results: dict) -> list[str]:
     lines = [
-        "The issue's bar: at DeepCache's speed (N = 3, branch 0) our default keeps ≥ 2 dB more (per-seed mean):",
+        "The issue's bar: at DeepCache's speed (N = 3, branch 0) our default keeps ≥ 2 dB more (per-seed mean). "
+        "DeepCache runs its last step cached and ours runs it in full, so at the same N ours is slower; the bar is "
+        "judged on our default's slowest run at least as fast as DeepCache's (N = 4 where N = 3 is slower):",
         "",
-        "| pipeline | ours (dB) at speed | DeepCache N=3 (dB) at speed | ours − DeepCache (dB, paired) | ≥ 2 dB |",
-        "|---|---|---|---|---|",
+        "| pipeline | ours, same N (dB at speed) | ours at ≥ DeepCache's speed (dB at speed) | DeepCache N=3 "
+        "(dB at speed) | ours − DeepCache at ≥ its speed (dB, paired) | ≥ 2 dB |",
+        "|---|---|---|---|---|---|",
     ]
     for group_name, group in results["unets"].items():
         ours, dc = group.get("ours"), group.get("deepcache-N3")
-        if ours is None or dc is None:
+        if ours is None or dc is None or "error" in dc:
             continue
-        diff = np.array(ours["psnr_per_seed"]) - np.array(dc["psnr_per_seed"])
+        fast = [r for n, r in group.items() if n.startswith("ours") and "merge" not in n and "error" not in r]
+        fast = [r for r in fast if r["speed"] >= dc["speed"]]
         model, scheduler = group_name.split("/")
+        same = f"{ours['psnr']:.1f} at {ours['speed']:.2f}×"
+        head = f"| {TITLES[model]}, {SCHEDULER_TITLES[scheduler]} | {same} |"
+        if not fast:
+            lines.append(f"{head} — | {dc['psnr']:.1f} at {dc['speed']:.2f}× | — | not measured |")
+            continue
+        at = min(fast, key=lambda r: r["speed"])
+        diff = np.array(at["psnr_per_seed"]) - np.array(dc["psnr_per_seed"])
         ok = "met" if diff.mean() >= 2.0 else "**NOT met**"
         lines.append(
-            f"| {TITLES[model]}, {SCHEDULER_TITLES[scheduler]} | {ours['psnr']:.1f} at {ours['speed']:.2f}× | "
-            f"{dc['psnr']:.1f} at {dc['speed']:.2f}× | {bootstrap(diff).cell('.1f')} | {ok} |"
+            f"{head} {at['psnr']:.1f} at {at['speed']:.2f}× | {dc['psnr']:.1f} at {dc['speed']:.2f}× | "
+            f"{bootstrap(diff).cell('.1f')} | {ok} |"
         )
     return [*lines, ""]
 
@@ -423,12 +447,20 @@ def section(results: dict, meta: dict) -> str:
         f"{meta['seconds'] / 60:.0f} min.",
         "",
     ]
-    if meta["seeds"] < SEEDS or meta["wan_seeds"] < WAN_SEEDS:
+    flux_seeds = meta.get("flux_seeds", meta["seeds"])
+    if "flux_seeds" in meta:
         lines += [
-            f"**Fewer seeds than the bar's {SEEDS}**: this run had {meta['seeds']} (Wan {meta['wan_seeds']}) and "
-            f"{meta['timing_rounds']} timing rounds, as much as two CPU cores shared with other work fitted in the "
-            f"session; `--seeds {SEEDS} --wan-seeds {WAN_SEEDS} --rounds {TIMING_ROUNDS}` (the defaults) is the run "
-            "the bar asks for.",
+            f"The UNet pipelines and the width check are from `--unets-again` ({meta['finished']}: {meta['seeds']} "
+            f"seeds, {meta['timing_rounds']} timing rounds); the transformers' runs from the run before it "
+            f"({meta['dits_finished']}: FLUX {flux_seeds} seeds, Wan {meta['wan_seeds']}, "
+            f"{meta['dits_timing_rounds']} timing rounds).",
+            "",
+        ]
+    if min(meta["seeds"], flux_seeds) < SEEDS or meta["wan_seeds"] < WAN_SEEDS:
+        lines += [
+            f"**Fewer seeds than the bar's {SEEDS}** where a table says so below, as much as two CPU cores shared "
+            f"with other work fitted in the session; `--seeds {SEEDS} --wan-seeds {WAN_SEEDS} --rounds "
+            f"{TIMING_ROUNDS}` (the defaults) is the run the bar asks for.",
             "",
         ]
     lines += _bar(results)
@@ -436,9 +468,9 @@ def section(results: dict, meta: dict) -> str:
         lines += _width(results["width"])
     for group_name, group in results["unets"].items():
         model, scheduler = group_name.split("/")
-        lines += _table(group, f"{TITLES[model]}, {SCHEDULER_TITLES[scheduler]}")
+        lines += _table(group, f"{TITLES[model]}, {SCHEDULER_TITLES[scheduler]}, {meta['seeds']} seeds")
     for model, group in results["dits"].items():
-        seeds = meta["wan_seeds"] if model == "wan" else meta["seeds"]
+        seeds = meta["wan_seeds"] if model == "wan" else flux_seeds
         lines += _table(group, f"{TITLES[model]}, flow-matching Euler, {seeds} seeds")
     lines.append("Plot: [`diffusers-home.png`](diffusers-home.png) (PSNR against priced speed-up, per model).")
     return "\n".join([*lines, END])
@@ -484,6 +516,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--wan-seeds", type=int, default=WAN_SEEDS, help="seeds of the Wan runs")
     parser.add_argument("--rounds", type=int, default=TIMING_ROUNDS, help="interleaved timing rounds")
     parser.add_argument("--width-repeats", type=int, default=WIDTH_REPEATS, help="repeats of the 1024 px check")
+    parser.add_argument(
+        "--unets-again", action="store_true", help="the UNet pipelines and the width check again; transformers kept"
+    )
     args = parser.parse_known_args(argv)[0]
     run_command(parser, Section(RUN, BEGIN, END, section), argv, run)
     if args.render or not args.quick:
