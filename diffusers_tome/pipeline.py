@@ -212,11 +212,12 @@ class PipelinePatch:
         run = self.last
         try:
             for name, session in self.sessions.items():
-                passes = session.cache.report().passes if session.cache is not None else ()
+                report = session.report()
+                passes = report.cache.passes if report.cache is not None else ()
                 if passes:
                     self.steps[name] = sum(passes[1:], passes[0])  # one loop: one pass of this denoiser
                 if run is not None:
-                    run.note(*session.report().notes)
+                    run.note(*report.notes)
             if run is not None:
                 run.count_cache(self.steps.values())
         finally:

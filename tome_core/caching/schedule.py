@@ -94,7 +94,14 @@ class Schedule:
         self.last_signal: float | None = None  # the adaptive signal of the last candidate (for reports and tests)
         self.ranks: Ranks = ALONE
         """The ranks that run each call together (:mod:`.ranks`): the adaptive signal is summed over them."""
-        self.last_share: float | None = None  # the adaptive signal of this rank's share alone, at the last candidate
+        self._share: torch.Tensor | None = None  # this rank's numerator and denominator at the last candidate
+
+    @property
+    def last_share(self) -> float | None:
+        """The adaptive signal of this rank's share alone at the last candidate on several ranks (for tests); read back
+        only when asked, so the decision reads back once."""
+        share = self._share
+        return None if share is None else float(share[0] / share[1].clamp_min(torch.finfo(share.dtype).tiny))
 
     def may_cache(self, call: Call, since_full: int, x: torch.Tensor | None, timed: bool = True) -> bool:
         """Whether ``call`` (on the input ``x``, ``since_full`` steps after the stream's last full one) may be cached:
@@ -102,7 +109,7 @@ class Schedule:
         from its forecast. The time schedule needs the pass's step count and places every call of a step by the
         step's first call's time (``call.step_time``), so that the streams of a step decide alike (DPM++ SDE's second
         call runs at another time); ``timed=False`` makes it the uniform schedule for this call."""
-        self.last_signal = self.last_share = None
+        self.last_signal, self._share = None, None
         step, progress, last, steps = call.step, call.progress, call.last, call.steps if timed else None
         step_time = call.time if call.step_time is None else call.step_time
         if self.timed and self._start is not None and self._last_time is not None and steps and step_time is not None:
@@ -141,7 +148,7 @@ class Schedule:
             return False
         mine = torch.stack([(share - expected).abs().sum(), share.abs().sum(), share.new_zeros(())])
         distance, scale, missing = self.ranks.meet(mine)  # the one read back
-        self.last_share = float(mine[0] / mine[1].clamp_min(torch.finfo(mine.dtype).tiny))
+        self._share = mine[:2]
         if missing:
             return False
         self.last_signal = distance / max(scale, torch.finfo(torch.float32).tiny)
