@@ -22,8 +22,8 @@ The quality runs go to worker processes (``--workers``, one torch thread each); 
     python -m benchmarks.quality.diffusers_home            # the run; writes its RESULTS.md section and the plot
     python -m benchmarks.quality.diffusers_home --quick    # 2 seeds, 4 steps, a few runs: prints only
     python -m benchmarks.quality.diffusers_home --render   # the section (and plot) again from the saved run
-    python -m benchmarks.quality.diffusers_home --unets-again   # the UNets and the width check again, the
-                                                               # transformers' runs kept from the saved run
+    python -m benchmarks.quality.diffusers_home --again width unets   # these parts again (of width, unets, dits),
+                                                                     # the others kept from the saved run
 """
 
 from __future__ import annotations
@@ -268,14 +268,37 @@ def _versions() -> dict:
     return {p: version(p) for p in ("diffusers", "cache-dit", "tomesd", "DeepCache")}
 
 
+PARTS = ("width", "unets", "dits")
+"""The run's parts; ``--again`` measures some of them again and keeps the others from the saved run."""
+
+
+def _parts_meta(meta: dict) -> dict:
+    """Each part's provenance (when it finished, its seeds and timing rounds); a run saved before ``--again`` kept
+    them as flat keys (the transformers' under ``flux_seeds`` / ``dits_*`` where ``--unets-again`` ran)."""
+    if "parts" in meta:
+        return meta["parts"]
+    unets = {"finished": meta["finished"], "seeds": meta["seeds"], "rounds": meta["timing_rounds"]}
+    dits = {
+        "finished": meta.get("dits_finished", meta["finished"]),
+        "seeds": meta.get("flux_seeds", meta["seeds"]),
+        "wan_seeds": meta["wan_seeds"],
+        "rounds": meta.get("dits_timing_rounds", meta["timing_rounds"]),
+    }
+    return {"width": {"finished": meta["finished"]}, "unets": unets, "dits": dits}
+
+
 def run(args) -> tuple[dict, dict]:
     start = time.perf_counter()
     p = plan(args)
-    if args.unets_again:  # the UNet pipelines and the width check measured again, the transformers' runs kept
+    again = set(args.again or PARTS)
+    if "unets" not in again:
+        p["unets"] = ()
+    if "dits" not in again:
         p["dits"] = ()
     steps = p["steps"]
-    tasks: list[tuple] = [("width", *p["width"], args.quick)]
-    keys: list[tuple] = [("width",)]
+    width = _any(("width", *p["width"], args.quick)) if "width" in again else None  # alone: a quiet machine
+    tasks: list[tuple] = []
+    keys: list[tuple] = []
     for model, scheduler in p["unets"]:
         for method in p["unet_methods"]:
             tasks.append(("unet", model, scheduler, method, p["seeds"], steps, args.quick))
@@ -303,12 +326,10 @@ def run(args) -> tuple[dict, dict]:
                 print(f"{key}: done at {time.perf_counter() - start:.0f} s", flush=True)
     else:
         done = [_any(t) for t in tasks]
-    results: dict = {"unets": {}, "dits": {}, "width": None}
+    results: dict = {"unets": {}, "dits": {}, "width": width}
     out = dict(zip(keys, done))
     for key, value in out.items():
-        if key[0] == "width":
-            results["width"] = value
-        elif key[0] in ("unet", "dit"):
+        if key[0] in ("unet", "dit"):
             group = results["unets" if key[0] == "unet" else "dits"].setdefault(key[1], {})
             group[key[2]] = value
     for kind in ("unets", "dits"):
@@ -322,26 +343,27 @@ def run(args) -> tuple[dict, dict]:
             for name, seconds in out[("time", group_name)].items():
                 if "error" not in group[name]:
                     group[name]["cpu"] = seconds
+    finished = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    parts = {
+        "width": {"finished": finished, "repeats": p["width"][1]},
+        "unets": {"finished": finished, "seeds": p["seeds"], "rounds": p["rounds"]},
+        "dits": {"finished": finished, "seeds": p["seeds"], "wan_seeds": p["wan_seeds"], "rounds": p["rounds"]},
+    }
+    if again != set(PARTS):
+        kept, before = load_run_data(RUN)
+        for part in set(PARTS) - again:
+            results[part] = kept[part]
+            parts[part] = _parts_meta(before)[part]
     meta = {
-        "seeds": p["seeds"],
-        "wan_seeds": p["wan_seeds"],
         "steps": steps,
         "versions": _versions(),
         "threads": 1,
         "workers": args.workers,
-        "timing_rounds": p["rounds"],
+        "again": sorted(again) if again != set(PARTS) else None,
         "seconds": round(time.perf_counter() - start, 1),
-        "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "finished": finished,
+        "parts": parts,
     }
-    if args.unets_again:
-        kept, before = load_run_data(RUN)
-        results["dits"] = kept["dits"]
-        meta.update(
-            flux_seeds=before.get("flux_seeds", before["seeds"]),
-            wan_seeds=before["wan_seeds"],
-            dits_timing_rounds=before.get("dits_timing_rounds", before["timing_rounds"]),
-            dits_finished=before.get("dits_finished", before["finished"]),
-        )
     return results, meta
 
 
@@ -434,8 +456,21 @@ def _width(width: dict) -> list[str]:
     ]
 
 
+def _provenance(parts: dict) -> list[str]:
+    """When each part finished (``--again`` measures some apart), with its seeds and timing rounds."""
+    w, u, d = parts["width"], parts["unets"], parts["dits"]
+    return [
+        f"Measured: the UNet pipelines {u['finished']} ({u['seeds']} seeds, {u['rounds']} "
+        f"timing rounds); the transformers {d['finished']} (FLUX {d['seeds']} seeds, Wan {d['wan_seeds']}, "
+        f"{d['rounds']} timing rounds); the width check {w['finished']}.",
+        "",
+    ]
+
+
 def section(results: dict, meta: dict) -> str:
     v = meta["versions"]
+    parts = _parts_meta(meta)
+    unet_seeds, flux_seeds, wan_seeds = parts["unets"]["seeds"], parts["dits"]["seeds"], parts["dits"]["wan_seeds"]
     lines = [
         BEGIN,
         "## Head to head, in their home (`python -m benchmarks.quality.diffusers_home`)",
@@ -445,13 +480,13 @@ def section(results: dict, meta: dict) -> str:
         "as `StableDiffusion(XL)Pipeline`s under Euler, DDIM and DPM++ 2M Karras (CFG 7), the trained FLUX-/Wan-layout "
         "transformers as `FluxPipeline` (true CFG 4) / `WanPipeline` (CFG 4) under `FlowMatchEulerDiscreteScheduler` "
         "as the lab's models were measured (Wan's UniPC not run); prompt embeddings passed in, `output_type="
-        f'"latent"`. {meta["steps"]} steps; {meta["seeds"]} seeds (Wan: {meta["wan_seeds"]}), '
+        f'"latent"`. {meta["steps"]} steps; seeds as each table says, '
         "PSNR per seed against the same pipeline's plain sample (mean, bootstrap 95 %, worst seed). Priced speed-up: "
         "UNets by their counted full and cached steps at the real SD1.5/SDXL width at 1024 px (`cache-cpu`, "
         "`cache-costs-cpu` runs; DeepCache's cached step as our branch-0 one, without our forecast's extras; merging "
         "alone from the real-width runs), transformers by the blocks each call executed at FLUX.1's / Wan 2.1 1.3B's "
         "width (`benchmarks.lab.libraries.priced`). CPU per image: one image of each run, "
-        f"{meta['timing_rounds']} interleaved rounds in one process per pipeline, medians, 1 torch thread (the "
+        "interleaved rounds in one process per pipeline, medians, 1 torch thread (the "
         f"runs in {meta['workers']} worker processes side by side). cache-dit's best and diffusers' settings: the best "
         "of `dit_libraries`' recorded runs at our default's recorded speed (cache-dit: its 64-seed frontier; "
         "diffusers': its 8-seed sweep), not swept again; cache-dit's best runs with `enable_separate_cfg=True` (the "
@@ -459,16 +494,8 @@ def section(results: dict, meta: dict) -> str:
         f"{meta['seconds'] / 60:.0f} min.",
         "",
     ]
-    flux_seeds = meta.get("flux_seeds", meta["seeds"])
-    if "flux_seeds" in meta:
-        lines += [
-            f"The UNet pipelines and the width check are from `--unets-again` ({meta['finished']}: {meta['seeds']} "
-            f"seeds, {meta['timing_rounds']} timing rounds); the transformers' runs from the run before it "
-            f"({meta['dits_finished']}: FLUX {flux_seeds} seeds, Wan {meta['wan_seeds']}, "
-            f"{meta['dits_timing_rounds']} timing rounds).",
-            "",
-        ]
-    if min(meta["seeds"], flux_seeds) < SEEDS or meta["wan_seeds"] < WAN_SEEDS:
+    lines += _provenance(parts)
+    if min(unet_seeds, flux_seeds) < SEEDS or wan_seeds < WAN_SEEDS:
         lines += [
             f"**Fewer seeds than the bar's {SEEDS}** where a table says so below, as much as two CPU cores shared "
             f"with other work fitted in the session; `--seeds {SEEDS} --wan-seeds {WAN_SEEDS} --rounds "
@@ -480,9 +507,9 @@ def section(results: dict, meta: dict) -> str:
         lines += _width(results["width"])
     for group_name, group in results["unets"].items():
         model, scheduler = group_name.split("/")
-        lines += _table(group, f"{TITLES[model]}, {SCHEDULER_TITLES[scheduler]}, {meta['seeds']} seeds")
+        lines += _table(group, f"{TITLES[model]}, {SCHEDULER_TITLES[scheduler]}, {unet_seeds} seeds")
     for model, group in results["dits"].items():
-        seeds = meta["wan_seeds"] if model == "wan" else flux_seeds
+        seeds = wan_seeds if model == "wan" else flux_seeds
         lines += _table(group, f"{TITLES[model]}, flow-matching Euler, {seeds} seeds")
     lines.append("Plot: [`diffusers-home.png`](diffusers-home.png) (PSNR against priced speed-up, per model).")
     return "\n".join([*lines, END])
@@ -529,7 +556,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=TIMING_ROUNDS, help="interleaved timing rounds")
     parser.add_argument("--width-repeats", type=int, default=WIDTH_REPEATS, help="repeats of the 1024 px check")
     parser.add_argument(
-        "--unets-again", action="store_true", help="the UNet pipelines and the width check again; transformers kept"
+        "--again", nargs="+", choices=PARTS, help="measure these parts again; keep the others from the saved run"
     )
     args = parser.parse_known_args(argv)[0]
     run_command(parser, Section(RUN, BEGIN, END, section), argv, run)
