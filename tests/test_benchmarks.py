@@ -276,12 +276,12 @@ def test_diffusers_home_prices_merging_where_it_acts():
     """``apply_patch``'s ``max_downsample`` 1 merges at the UNet's first level only; the lab's SDXL-layout diffusers
     UNet has no transformer there (its pipeline's merged samples equal plain), so merging is priced as nothing there
     (1×; the cache's steps at the plain costs), and priced where it acts (SD1.5)."""
-    from benchmarks.lab import diffusers_unets, home
+    from benchmarks.lab import diffusers_unets, home, prices
     from benchmarks.lab.trained.loading import load_model
 
     first = {name: diffusers_unets.diffusers_unet(load_model(name)).down_blocks[0] for name in ("sd15", "sdxl")}
     assert not hasattr(first["sdxl"], "attentions") and hasattr(first["sd15"], "attentions")
-    assert sorted(home.FIRST_LEVEL_EMPTY) == ["sdxl"]
+    assert sorted(prices.FIRST_LEVEL_EMPTY) == ["sdxl"]
     counts = {"full": 8, "cached": 12}
     assert home.unet_priced("sdxl", "ours-merge", counts) == 1.0
     assert home.unet_priced("sdxl", "ours-merge+cache", counts) == home.unet_priced("sdxl", "ours", counts)

@@ -116,19 +116,15 @@ def _real(run: str, record, layout: str):
     raise FileNotFoundError(f"{run}: no real-width {layout} run at 1024 px")
 
 
-FIRST_LEVEL_EMPTY = frozenset({"sdxl"})
-"""Layouts with no transformer at the UNet's first level (where ``max_downsample`` 1 merges)."""
-
-
 def unet_priced(layout: str, method: str, counts: dict[str, int]) -> float:
     """The speed-up over plain at the real width at 1024 px of a pass of ``method`` whose steps were ``counts``
-    (see the module). Merging alone: :func:`benchmarks.lab.prices.speedups`'. At ``apply_patch``'s ``max_downsample``
-    1 (tomesd's) merging acts at the first level only, where SDXL has no transformer: on SDXL ours merges nothing, as
-    tomesd (priced 1, the cache's steps at the plain costs)."""
+    (see the module). Merging alone: :func:`benchmarks.lab.prices.speedups`'. ``apply_patch``'s merging
+    (``max_downsample`` 1) merges nothing on :data:`benchmarks.lab.prices.FIRST_LEVEL_EMPTY` layouts (SDXL), as
+    tomesd: priced 1 there, the cache's steps at the plain costs."""
     costs, extra = _real("cache-cpu", StepCosts, layout), _real("cache-costs-cpu", ExtraCosts, layout)
     if method == "plain":
         return 1.0
-    merges = layout not in FIRST_LEVEL_EMPTY
+    merges = layout not in prices.FIRST_LEVEL_EMPTY
     if method in ("tomesd", "ours-merge"):
         return prices.speedups(layout)["tomesd" if method == "tomesd" else "exact-0.5"] if merges else 1.0
     tome = "exact-0.5" if method == "ours-merge+cache" and merges else "plain"

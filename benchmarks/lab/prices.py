@@ -77,6 +77,11 @@ class ExtraCosts:
         return statistics.median(self.seconds[kind]) if kind in self.seconds else None
 
 
+FIRST_LEVEL_EMPTY = frozenset({"sdxl"})
+"""Layouts with no transformer at the UNet's first level: merging at ``max_downsample`` 1 (tomesd's, the built-in's
+and ``tome_core.apply_patch``'s default) merges nothing there and runs as plain."""
+
+
 def speedups(layout: str, runs=None) -> dict[str, float]:
     """Mode name → speed-up over plain at 1024 px, real width, from the runs that measured it."""
     out = {"plain": 1.0}
@@ -95,8 +100,8 @@ def speedups(layout: str, runs=None) -> dict[str, float]:
             if variant in rows:
                 out[mode] = base / _median(rows[variant]["cpu"])
     out.update(_from_cache_run(layout, runs))
-    if layout == "sdxl":
-        out["tomesd"] = 1.0  # the built-in's max downsample 1 merges nothing on SDXL: it runs as plain
+    if layout in FIRST_LEVEL_EMPTY:
+        out["tomesd"] = 1.0  # the built-in's max downsample 1 merges nothing: it runs as plain
     return out
 
 
