@@ -272,21 +272,6 @@ PARTS = ("width", "unets", "dits")
 """The run's parts; ``--again`` measures some of them again and keeps the others from the saved run."""
 
 
-def _parts_meta(meta: dict) -> dict:
-    """Each part's provenance (when it finished, its seeds and timing rounds); a run saved before ``--again`` kept
-    them as flat keys (the transformers' under ``flux_seeds`` / ``dits_*`` where ``--unets-again`` ran)."""
-    if "parts" in meta:
-        return meta["parts"]
-    unets = {"finished": meta["finished"], "seeds": meta["seeds"], "rounds": meta["timing_rounds"]}
-    dits = {
-        "finished": meta.get("dits_finished", meta["finished"]),
-        "seeds": meta.get("flux_seeds", meta["seeds"]),
-        "wan_seeds": meta["wan_seeds"],
-        "rounds": meta.get("dits_timing_rounds", meta["timing_rounds"]),
-    }
-    return {"width": {"finished": meta["finished"]}, "unets": unets, "dits": dits}
-
-
 def run(args) -> tuple[dict, dict]:
     start = time.perf_counter()
     p = plan(args)
@@ -353,13 +338,12 @@ def run(args) -> tuple[dict, dict]:
         kept, before = load_run_data(RUN)
         for part in set(PARTS) - again:
             results[part] = kept[part]
-            parts[part] = _parts_meta(before)[part]
+            parts[part] = before["parts"][part]
     meta = {
         "steps": steps,
         "versions": _versions(),
         "threads": 1,
         "workers": args.workers,
-        "again": sorted(again) if again != set(PARTS) else None,
         "seconds": round(time.perf_counter() - start, 1),
         "finished": finished,
         "parts": parts,
@@ -480,7 +464,7 @@ def _repriced(results: dict) -> dict:
 def section(results: dict, meta: dict) -> str:
     results = _repriced(results)
     v = meta["versions"]
-    parts = _parts_meta(meta)
+    parts = meta["parts"]
     unet_seeds, flux_seeds, wan_seeds = parts["unets"]["seeds"], parts["dits"]["seeds"], parts["dits"]["wan_seeds"]
     lines = [
         BEGIN,
