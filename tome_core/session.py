@@ -93,8 +93,9 @@ class Session:
         self.layout = layout_for(root, settings.cache_branch if settings.caches else 0) if wanted else None
         self.transformer = self.layout is not None and self.layout.transformer
         self.merger = TokenMerger(root, settings, blocks) if blocks and not self.transformer else None
-        why = aside(root) if self.layout is None else None
-        self.cache = StepCache(root, settings, self.layout, why) if settings.caches else None
+        self.cache = None
+        if settings.caches:  # a model no family knows: the cache stands aside, saying why where the families know
+            self.cache = StepCache(root, settings, self.layout, aside(root) if self.layout is None else None)
         self.follower = ControlFollower(root, leader) if leader is not None else None  # a control model's
         self._place = self.layout.place if self.layout is not None else unet_input
         self._install()
