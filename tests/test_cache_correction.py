@@ -218,7 +218,7 @@ def test_without_gain_or_without_the_euler_schedule_the_pass_is_the_caches_bit_f
         assert torch.equal(xs[-1], plain[-1])
         says = [n for n in report.cache.notes if n.startswith("cache correction off")]
         assert says == (
-            [] if given else ["cache correction off: the host gives no Euler sampler's schedule (Session.set_euler)"]
+            [] if given else ["cache correction off: the host gives no sampler's schedule (Session.set_sampler)"]
         )
 
 
@@ -232,7 +232,7 @@ def test_a_schedule_of_another_length_or_the_hosts_reason_is_said_and_nothing_is
         notes = patch.report().cache.notes
     finally:
         tome_core.remove_patch(model)
-    assert torch.equal(xs[-1], plain[-1]) and any("no Euler sampler's schedule" in n for n in notes)
+    assert torch.equal(xs[-1], plain[-1]) and any("no sampler's schedule" in n for n in notes)
     patch = tome_core.apply_settings(model, settings(0.5))
     patch.set_euler(None, "the sampler is heun; the correction is exact under euler only")
     try:

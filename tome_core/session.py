@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .caching import ControlFollower, StepCache
+from .caching.samplers import SamplerFunction
 from .compiling import python_only_hook
 from .families import aside, layout_for, transformer_blocks, unet_input
 from .holders import adapter_for
@@ -113,13 +114,27 @@ class Session:
         next generation), which also drops the plans kept for reuse."""
         self.clock.set_progress(fraction, steps)
 
-    def set_euler(self, sigmas: Sequence[float] | None, why_not: str | None = None) -> None:
-        """Say the sampler of the passes to come: the first-order Euler sampler on ``sigmas`` (the pass's schedule,
-        its end included; with ``cache_correction`` the step cache then corrects its cached steps,
-        :mod:`tome_core.caching.correction`), or None: another sampler (``why_not``: which, for the note that the
-        correction is off). The host reports each step's progress as well (:meth:`set_progress`)."""
+    def set_sampler(
+        self,
+        name: str | None,
+        sigmas: Sequence[float] | None = None,
+        sample: SamplerFunction | None = None,
+        why_not: str | None = None,
+    ) -> None:
+        """Say the sampler of the passes to come: ``name`` (ComfyUI's sampler names: ``euler``, ``uni_pc``,
+        ``uni_pc_bh2``, ``res_multistep``, ``dpmpp_2m``, ``deis``, …) on ``sigmas`` (the pass's schedule, its end
+        included) and, where the host has it, its ``sample`` function (k-diffusion's signature); with
+        ``cache_correction`` the step cache then corrects its cached steps under that sampler
+        (:mod:`tome_core.caching.samplers`). None, or a sampler that is no linear one (ancestral, SDE, two calls a
+        step): the correction stands aside (``why_not``: why, for the note). The host reports each step's progress as
+        well (:meth:`set_progress`)."""
         if self.cache is not None:
-            self.cache.set_euler(sigmas, why_not)
+            self.cache.set_sampler(name, sigmas, sample, why_not)
+
+    def set_euler(self, sigmas: Sequence[float] | None, why_not: str | None = None) -> None:
+        """:meth:`set_sampler`'s Euler case: the first-order Euler sampler on ``sigmas``, or None: another sampler
+        (``why_not``: which)."""
+        self.set_sampler(None if sigmas is None else "euler", sigmas, why_not=why_not)
 
     # --- installing ---------------------------------------------------------------------------------
     def _install(self) -> None:

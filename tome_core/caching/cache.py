@@ -20,9 +20,11 @@ are full, and so is any step outside ``cache_start <= progress < cache_end``; in
 N, 2N, …), or N average steps of sampler time (the time schedule), or, with the adaptive schedule, the call's input
 strays from its forecast by more than ``cache_threshold``. A cached step takes the skipped range's result of the
 stream's last full step (``cache_forecast`` off: DeepCache exactly) or its forecast in the sampler's time from the
-last two full steps (linear, or calibrated on the probe); with ``cache_correction`` (on by default), under the Euler
-sampler whose schedule the host gives (:meth:`StepCache.set_euler`), each full step's output also carries what the
-cached steps since the last one should have added, re-estimated from the full steps around them (:mod:`.correction`);
+last two full steps (linear, or calibrated on the probe); with ``cache_correction`` (on by default), under the
+sampler the host names with its schedule (:meth:`StepCache.set_sampler`: Euler, or a linear multistep sampler,
+:mod:`.samplers`), each full step's output also carries what the cached steps since the last one should have added,
+re-estimated from the full steps around them (:mod:`.correction`), and the next few outputs what it still does through
+the sampler's history;
 where it cannot act it stays off, with a note unless it is at its default.
 
 Streams: the calls of a step are told apart by their number within the step (under ComfyUI's context windows, also
@@ -55,6 +57,7 @@ from .correction import Correction
 from .forecast import Forecast
 from .forwards import Replaced, replace_forward, restore_forwards, skippable
 from .ranks import ALONE, Ranks
+from .samplers import BUILT_IN, LinearSampler, NotLinear, SamplerFunction, linearize
 from .schedule import Schedule, too_short
 
 log = logging.getLogger("tome_core")
@@ -143,8 +146,8 @@ class StepCache:
         self._store = torch.device("cpu") if self.settings.cache_device == "cpu" else None  # where forecasts keep
         self._two_times = False  # this pass's steps call the UNet at two times (the time schedule stands down)
         self._correcting = self.settings.cache_correction > 0 and self.layout is not None and self.layout.corrects
-        self._sigmas: list[float] | None = None  # the Euler sampler's schedule (:meth:`set_euler`)
-        self._no_euler = "the host gives no Euler sampler's schedule (Session.set_euler)"
+        self._sampler: LinearSampler | None = None  # the sampler and its schedule (:meth:`set_sampler`)
+        self._no_sampler = "the host gives no sampler's schedule (Session.set_sampler)"
         self._says_why_uncorrected = self.settings.cache_correction not in (0, DEFAULTS.cache_correction)
         """Whether the correction's standing aside is said (a note): for a gain set by hand, not at the default, which
         corrects wherever it is exact and stays quiet elsewhere (UNets, other samplers, hosts without the schedule)."""
@@ -215,13 +218,29 @@ class StepCache:
         if not restore_forwards(self._originals):
             log.warning("ToMe: a UNet block's forward was replaced over the step cache's; left as it is")
 
-    def set_euler(self, sigmas: Sequence[float] | None, why_not: str | None = None) -> None:
-        """The sampler of the passes to come is the first-order Euler sampler on ``sigmas`` (the pass's schedule, its
-        end included), which ``cache_correction`` needs; None: another sampler (``why_not`` says which, in the note
-        that the correction is off)."""
-        self._sigmas = None if sigmas is None else [float(s) for s in sigmas]
-        if why_not is not None:
-            self._no_euler = why_not
+    def set_sampler(
+        self,
+        name: str | None,
+        sigmas: Sequence[float] | None = None,
+        sample: SamplerFunction | None = None,
+        why_not: str | None = None,
+    ) -> None:
+        """The sampler of the passes to come, which ``cache_correction`` needs: ``name`` on ``sigmas`` (the pass's
+        schedule, its end included), read as a linear map (:mod:`.samplers`) from ``sample`` (the host's own function,
+        k-diffusion's signature) or else the core's own sampler of that name; None, or a sampler that is no linear
+        one: the correction stands aside (``why_not`` says why, in the note where it is said)."""
+        self._sampler = None
+        if name is None or sigmas is None:
+            self._no_sampler = why_not or self._no_sampler
+            return
+        sample = sample or BUILT_IN.get(name)
+        if sample is None:
+            self._no_sampler = why_not or f"the sampler is {name}; the correction acts under {', '.join(BUILT_IN)}"
+            return
+        try:
+            self._sampler = linearize(name, sample, sigmas)
+        except NotLinear as error:
+            self._no_sampler = f"{error}; the correction acts under samplers that call the model once a step"
 
     def set_ranks(self, ranks: Ranks) -> None:
         """The calls to come run on ``ranks`` together (a host's process group, :mod:`.ranks`): every rank decides
@@ -230,15 +249,15 @@ class StepCache:
         for stream in self._streams.values():
             stream.schedule.ranks = ranks
 
-    def _euler_step(self, call: Call | None) -> int | None:
-        """The index of ``call``'s step in the Euler schedule, where the correction acts on it; else None (with a
+    def _sampler_step(self, call: Call | None) -> int | None:
+        """The index of ``call``'s step in the sampler's schedule, where the correction acts on it; else None (with a
         note where it would have, for a gain set by hand)."""
         if not self._correcting or call is None:
             return None
-        sigmas = self._sigmas
-        if sigmas is None or call.steps is None or call.progress is None or len(sigmas) != call.steps + 1:
+        sampler = self._sampler
+        if sampler is None or call.steps is None or call.progress is None or sampler.steps != call.steps:
             if self._says_why_uncorrected:
-                self._note(f"cache correction off: {self._no_euler}")
+                self._note(f"cache correction off: {self._no_sampler}")
             return None
         return min(round(call.progress * call.steps), call.steps - 1)
 
@@ -362,7 +381,7 @@ class StepCache:
         if record is None or layout is None:
             return None
         forecast = now.stream.forecasts[now.passes - 1] if now.stream is not None else None
-        correction, step = self._correction(), self._euler_step(now.call)
+        correction, step = self._correction(), self._sampler_step(now.call)
         if not now.skipping:
             if not now.cached and forecast is not None:
                 found = layout.features(args, kwargs, record)
@@ -370,7 +389,7 @@ class StepCache:
                     forecast.add(now.time, *found)
                     record.deep = True
                     if correction is not None and step is not None:
-                        correction.full(self._sigmas[step], found[0])
+                        correction.full(self._sampler.sigmas[step], found[0])
             return None
         assert forecast is not None  # a skipped pass had a complete full one
         left = layout.probe(args, kwargs, record)
@@ -397,11 +416,13 @@ class StepCache:
         if correction is None or not isinstance(out, torch.Tensor):
             return None
         if self.now.cached:
-            if self.now.skipping:
-                correction.output(out)
+            return correction.output(out) if self.now.skipping else None
+        step = self._sampler_step(self.now.call)
+        if step is None:
             return None
-        step = self._euler_step(self.now.call)
-        return None if step is None else correction.correct(out, step, self._sigmas, self.layout.head)
+        if self._sampler.name != "euler":
+            self._note(f"cache correction under {self._sampler.name}")
+        return correction.correct(out, step, self._sampler, self.layout.head)
 
     # --- reporting -------------------------------------------------------------------------------------
     def report(self) -> CacheReport:

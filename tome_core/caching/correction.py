@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from .forecast import kept_on, moved_to
+from .samplers import LinearSampler
 
 Head = Callable[[tuple, dict, torch.Tensor], torch.Tensor]
 """The family's output layer on a call's arguments with another image stream (:meth:`ResidualLayout.head`)."""
@@ -67,12 +68,14 @@ class _Cached:
 class Correction:
     """The correction of one stream's pass through the blocks (see the module), fed by the cache's entry hooks. It
     keeps the last three full steps' residuals and, per cached step, what left the probe (each one image-stream-sized
-    tensor, on ``store`` where ``cache_device`` says so) and the output layer's output until the next full step."""
+    tensor, on ``store`` where ``cache_device`` says so) and the output layer's output until the next full step; under
+    a multistep sampler, the errors found at a full step until the later outputs that carry them have run."""
 
     def __init__(self, gain: float, store: torch.device | None = None):
         self.gain, self.store = gain, store
         self._fulls: list[tuple[float, torch.Tensor]] = []  # (σ, residual) of the last three full steps
         self._cached: list[_Cached] = []  # the cached steps since the last full one
+        self._carried: list[tuple[dict[int, list[float]], list[torch.Tensor]]] = []  # (weights per step, errors)
 
     def full(self, sigma: float, residual: torch.Tensor) -> None:
         """A full step at ``sigma`` read the skipped blocks' ``residual`` (the tensor the forecast keeps)."""
@@ -83,28 +86,47 @@ class Correction:
         what left the probe, plus the forecast, in ``dtype``)."""
         self._cached.append(_Cached(step, args, kwargs, kept_on(left, self.store), dtype))
 
-    def output(self, out: torch.Tensor) -> None:
-        """What the output layer gave at the cached step just recorded."""
+    def output(self, out: torch.Tensor) -> torch.Tensor | None:
+        """What the output layer gave at the cached step just recorded; what it gives instead (what earlier full
+        steps left it to carry), or None."""
         if self._cached and self._cached[-1].out is None:
             self._cached[-1].out = out
+            return self.carry(out, self._cached[-1].step)
+        return None
 
-    def correct(self, out: torch.Tensor, step: int, sigmas: Sequence[float], head: Head) -> torch.Tensor | None:
+    def correct(self, out: torch.Tensor, step: int, sampler: LinearSampler, head: Head) -> torch.Tensor | None:
         """The output of full step ``step`` (the output layer's ``out``) carrying the cached steps since the last full
-        one, on the Euler schedule ``sigmas``; None where there is nothing to correct (the output stays)."""
+        one under ``sampler`` (:meth:`LinearSampler.carry`: the later outputs' shares are kept for them); None where
+        there is nothing to carry (the output stays)."""
         cached, self._cached = self._cached, []
-        if not cached or len(self._fulls) < 2:
-            return None
-        here = sigmas[step + 1] - sigmas[step]
-        fulls = [(s, moved_to(r, out.device)) for s, r in self._fulls]
-        total = torch.zeros_like(out)
-        for c in cached:
-            if c.out is None:  # another hook replaced the output layer's call: nothing known to correct
+        if cached and len(self._fulls) >= 2:
+            fulls = [(s, moved_to(r, out.device)) for s, r in self._fulls]
+            sigmas = sampler.sigmas
+            steps, errors = [], []
+            for c in cached:
+                if c.out is None:  # another hook replaced the output layer's call: nothing known to correct
+                    continue
+                left = moved_to(c.left, out.device)
+                image = (left + interpolate(fulls, sigmas[c.step]).to(left.dtype)).to(c.dtype)
+                steps.append(c.step)
+                errors.append(head(c.args, c.kwargs, image) - c.out)
+            if errors:
+                self._carried.append((sampler.carry(step, steps), errors))
+        return self.carry(out, step)
+
+    def carry(self, out: torch.Tensor, step: int) -> torch.Tensor | None:
+        """``out`` of step ``step`` plus ``gain`` of what it carries; None where it carries nothing."""
+        self._carried = [(rows, errors) for rows, errors in self._carried if max(rows, default=-1) >= step]
+        total = None
+        for rows, errors in self._carried:
+            row = rows.get(step)
+            if row is None:
                 continue
-            sigma = sigmas[c.step]
-            left = moved_to(c.left, out.device)
-            image = (left + interpolate(fulls, sigma).to(left.dtype)).to(c.dtype)
-            total += (sigmas[c.step + 1] - sigma) / here * (head(c.args, c.kwargs, image) - c.out)
-        return out + self.gain * total
+            if total is None:
+                total = torch.zeros_like(out)
+            for weight, error in zip(row, errors):
+                total += weight * error
+        return None if total is None else out + self.gain * total
 
 
 def output_is_direction(prediction: Any) -> bool:
