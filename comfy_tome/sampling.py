@@ -34,7 +34,8 @@ from torch import nn
 from tome_core import compiling
 from tome_core import run as R
 from tome_core import settings as S
-from tome_core.caching.correction import why_not_euler
+from tome_core.caching import samplers
+from tome_core.caching.correction import why_not_corrected
 from tome_core.families import has_transformer_blocks, layout_for
 from tome_core.session import Session, apply_settings, find_unet
 from tome_core.settings import SettingsError, ToMeSettings
@@ -167,7 +168,7 @@ def _sampler_sample(executor: Any, guider: Any, sigmas: Any, extra_args: dict, c
         log.error(f"{R.ERROR_KEY}: {error}")
         raise
     if settings.caches and settings.cache_correction > 0:
-        sampling.patches[0].set_euler(*euler_schedule(executor, model, sigmas))
+        sampling.patches[0].set_sampler(*sampler_of(executor, model, sigmas))
     _LIVE[id(model)] = sampling
     try:
         with compile_limit(extra_args["model_options"], settings):
@@ -184,17 +185,26 @@ def _sampler_sample(executor: Any, guider: Any, sigmas: Any, extra_args: dict, c
         _show(request.cache_node, run)
 
 
-def euler_schedule(executor: Any, model: Any, sigmas: Any) -> tuple[list[float] | None, str | None]:
-    """What ``cache_correction`` needs of this sampling (:meth:`tome_core.Session.set_euler`): the sigmas where the
-    sampler (``executor.class_obj``, a ``KSAMPLER``) is ComfyUI's first-order Euler (``sample_euler``, without
-    ``s_churn``) and the model's output is the step's direction (``denoised = x − σ·out``: flow-matching and epsilon
-    models, not v-prediction nor EDM), else None and why not."""
+def sampler_of(executor: Any, model: Any, sigmas: Any) -> tuple[str | None, list[float] | None, Any, str | None]:
+    """What ``cache_correction`` needs of this sampling (:meth:`tome_core.Session.set_sampler`): the sampler's name,
+    its sigmas and its own function (``executor.class_obj``, a ``KSAMPLER``: ``sampler_function`` with its
+    ``extra_options``) where it is a linear one (:data:`tome_core.caching.samplers.LINEAR`: ``euler`` without
+    ``s_churn``, ``dpmpp_2m``, ``deis``, ``res_multistep``, ``uni_pc``, ``uni_pc_bh2``, …) and the model's output is the
+    step's direction (``denoised = x − σ·out``: flow-matching and epsilon models, not v-prediction nor EDM), else
+    Nones and why not."""
     sampler = getattr(executor, "class_obj", None)
     function = getattr(sampler, "sampler_function", None)
-    name = str(getattr(function, "__name__", type(sampler).__name__)).removeprefix("sample_")
-    churn = float((getattr(sampler, "extra_options", None) or {}).get("s_churn", 0.0))
-    why_not = why_not_euler(name, name == "euler", churn, getattr(model, "model_sampling", None), word="euler")
-    return (None, why_not) if why_not else ([float(s) for s in sigmas], None)
+    name = samplers.name_of(str(getattr(function, "__name__", type(sampler).__name__)))
+    options = dict(getattr(sampler, "extra_options", None) or {})
+    churn = float(options.get("s_churn", 0.0))
+    why_not = why_not_corrected(name, name, churn, getattr(model, "model_sampling", None))
+    if why_not:
+        return None, None, None, why_not
+
+    def sample(model: Any, x: Any, sigmas: Any) -> Any:
+        return function(model, x, sigmas, extra_args={}, callback=None, disable=True, **options)
+
+    return name, [float(s) for s in sigmas], sample, None
 
 
 COMPILED_RECOMPILE_LIMIT = 64

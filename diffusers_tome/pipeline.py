@@ -13,7 +13,7 @@
   ``progress_bar`` is the only thing the patch puts on the pipeline (beside its record); :func:`remove` takes both off.
 * **The step.** Each call of a denoiser is placed by the loop's step count (:class:`~diffusers_tome.schedule.Part`):
   the session is told its progress and steps before the call (a forward pre-hook ahead of the session's own), and
-  the Euler sigmas where the scheduler is the one the correction is exact for. No user calls ``set_progress``.
+  the sampler where the scheduler is a linear one the correction acts under. No user calls ``set_progress``.
 * **What happened** goes to the ``tome_core`` logger at the loop's end, as the ComfyUI nodes' console line: the
   settings, ``ToMe cache steps`` (and the speed-up they imply), and ``ToMe note`` (a warning) where ToMe could not
   act; :attr:`PipelinePatch.last` keeps that run record.
@@ -180,7 +180,7 @@ class PipelinePatch:
                 join(session, model)  # under diffusers' parallelism: the ranks its cache decides with (.parallel)
                 part = self._parts.get(name)
                 if part is not None:
-                    session.set_euler(part.sigmas, part.why_not)
+                    session.set_sampler(*part.sampler)
                 hook = functools.partial(self._place, name)
                 self._handles.append(held.register_forward_pre_hook(hook, with_kwargs=True, prepend=True))
             if settings.merges and settings.merge_controlnet:

@@ -354,7 +354,7 @@ def _on_cfg_denoiser(params: Any) -> None:
                 _patch(p, run, settings, models, followers)
     registry.set_progress(*ext.sampling_position(params))
     if run is not None and run.current is not None and run.current.caches and run.current.cache_correction > 0:
-        registry.set_euler(*ext.euler_schedule(params))
+        registry.set_sampler(*ext.sampler_schedule(params))
 
 
 def _on_infotext_pasted(infotext: str, params: dict[str, Any]) -> None:

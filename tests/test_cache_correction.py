@@ -303,7 +303,7 @@ def test_at_its_default_it_corrects_under_euler_and_stands_aside_quietly_elsewhe
     corrected, notes = _default_pass(model, latent, call, SIGMAS)
     assert notes == [] and not torch.equal(corrected, off)
     assert torch.equal(corrected, _default_pass(model, latent, call, SIGMAS, cache_correction=0.75)[0])
-    heun = "the sampler is heun; the correction is exact under euler only"
+    heun = "the sampler is heun; the correction acts under linear samplers"
     for sigmas, why_not in ((None, None), (None, heun), (SIGMAS[:-1], None)):
         quiet, notes = _default_pass(model, latent, call, sigmas, why_not)
         said = _default_pass(model, latent, call, sigmas, why_not, cache_correction=0.5)[1]
@@ -345,23 +345,33 @@ def _denoiser_call(sigma: float, step: int, steps: int, sampler: str = "sample_e
     )
 
 
-def test_the_webui_reads_the_passs_euler_schedule_from_neos_sigmas():
-    from webui_tome.extension import euler_schedule
+def test_the_webui_reads_the_passs_sampler_and_schedule_from_neos_sigmas():
+    from tome_core.caching.samplers import ACTS_UNDER
+    from webui_tome.extension import sampler_schedule
+
+    def read(*args):
+        name, sigmas, _, why = sampler_schedule(_denoiser_call(*args))
+        return name, sigmas, why
 
     txt = [1.0, 0.8, 0.6, 0.3, 0.0]
-    assert euler_schedule(_denoiser_call(0.6, 2, 4, sigmas=txt)) == (txt, None)
+    assert read(0.6, 2, 4, "sample_euler", txt) == ("euler", txt, None)
+    for function, name in (
+        ("sample_dpmpp_2m", "dpmpp_2m"),
+        ("sample_unipc", "uni_pc"),
+        ("sample_res_multistep", "res_multistep"),
+    ):
+        assert read(0.6, 2, 4, function, txt) == (name, txt, None)
     full = [1.0, 0.9, 0.8, 0.6, 0.4, 0.2, 0.0]  # img2img runs the tail from 0.6: 3 steps
-    assert euler_schedule(_denoiser_call(0.4, 1, 3, sigmas=full)) == ([0.6, 0.4, 0.2, 0.0], None)
-    assert (
-        euler_schedule(_denoiser_call(0.5, 1, 3, sigmas=full))[1]
-        == "the sampler's sigmas do not match this pass's steps"
-    )
-    assert euler_schedule(_denoiser_call(0.6, 2, 4)) == (
-        None,
-        "this host gives no Euler sampler's schedule (ComfyUI and Forge Neo do)",
-    )
-    for sampler, churn, name in (("sample_heun", 0.0, "Heun"), ("sample_euler", 0.5, "Euler")):
-        assert euler_schedule(_denoiser_call(0.6, 2, 4, sampler, txt, churn)) == (
+    assert read(0.4, 1, 3, "sample_euler", full) == ("euler", [0.6, 0.4, 0.2, 0.0], None)
+    assert read(0.5, 1, 3, "sample_euler", full)[2] == "the sampler's sigmas do not match this pass's steps"
+    assert read(0.6, 2, 4) == (None, None, "this host gives no sampler's schedule (ComfyUI and Forge Neo do)")
+    for sampler, churn, name in (
+        ("sample_heun", 0.0, "Heun"),
+        ("sample_euler", 0.5, "Euler"),
+        ("sample_euler_ancestral", 0.0, "Euler_Ancestral"),
+    ):
+        assert read(0.6, 2, 4, sampler, txt, churn) == (
             None,
-            f"the sampler is {name}; the correction is exact under Euler only",
+            None,
+            f"the sampler is {name}; {ACTS_UNDER}",
         )

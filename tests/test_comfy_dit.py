@@ -16,6 +16,7 @@ import tome_core
 from tome_core import run as R
 from tome_core import settings as S
 from tome_core.caching.correction import output_is_direction
+from tome_core.caching.samplers import ACTS_UNDER
 from tome_core.families import layout_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,21 +38,25 @@ def sample(patches=(), **kwargs) -> torch.Tensor:
     return ch.samples(ch.run(ch.txt2img("flux1", patches, **{**SIZE, **kwargs})))
 
 
-def direct(settings: dict, steps: int = 6, euler: bool = False) -> torch.Tensor:
-    """The plain prompt with ``tome_core`` applied to the model by hand, the progress reported per call (``euler``:
-    and the sampler's sigmas, from the call's ``transformer_options``, as an Euler schedule)."""
+def direct(settings: dict, steps: int = 6, euler: bool = False, sampler: str | None = None) -> torch.Tensor:
+    """The prompt (under ``sampler``, else euler) with ``tome_core`` applied to the model by hand, the progress
+    reported per call (``euler``: and the sampler's sigmas, from the call's ``transformer_options``, as an Euler
+    schedule; ``sampler``: as that sampler's, the core's own of that name)."""
     module, calls = model(), []
 
     def report(m, args, kw):
         tome_core.get_patch(m).set_progress(len(calls) / steps, steps)
+        sigmas = kw["transformer_options"]["sample_sigmas"].tolist()
         if euler and not calls:
-            tome_core.get_patch(m).set_euler(kw["transformer_options"]["sample_sigmas"].tolist())
+            tome_core.get_patch(m).set_euler(sigmas)
+        if sampler is not None and not calls:
+            tome_core.get_patch(m).set_sampler(sampler, sigmas)
         calls.append(None)
 
     handle = module.register_forward_pre_hook(report, with_kwargs=True)
     tome_core.apply_settings(module, S.from_dict({"enabled": True, "seed": 1, **settings}))
     try:
-        return sample()
+        return sample(sampler=sampler or "euler")
     finally:
         tome_core.remove_patch(module)
         handle.remove()
@@ -119,9 +124,26 @@ def test_the_cache_correction_under_euler_is_the_cores_and_under_another_sampler
     by_hand = direct({"ratio": 0.0, "cache": True, **cache, "cache_correction": corrected}, euler=True)
     assert torch.equal(with_correction, by_hand)
     heun = sample([("ToMeStepCache", {**cache, "cache_correction": corrected})], sampler="heun")
-    assert "cache correction off: the sampler is heun; the correction is exact under euler only" in console()[-1]
+    assert f"cache correction off: the sampler is heun; {ACTS_UNDER}" in console()[-1]
     assert torch.equal(heun, sample([("ToMeStepCache", cache)], sampler="heun"))
     assert untouched(model())
+
+
+@pytest.mark.parametrize("sampler", ["dpmpp_2m", "res_multistep", "uni_pc"])
+def test_under_a_multistep_sampler_the_correction_acts_through_the_samplers_own_function(sampler, console):
+    """Issue 53: under KSampler's linear multistep samplers the node's default correction acts, read from the
+    sampler's own function (``KSAMPLER.sampler_function``), and the pass is the core's told the sampler by name (its
+    own implementation of it); the note says which correction acted; plain after it."""
+    plain = sample(sampler=sampler)
+    cache = {"cache_interval": 2, "cache_forecast": "linear", "cache_schedule": "uniform"}
+    uncorrected = sample([("ToMeStepCache", {**cache, "cache_correction": 0.0})], sampler=sampler)
+    corrected = sample([("ToMeStepCache", cache)], sampler=sampler)
+    assert console()[-1] == f"{R.NOTE_KEY}: cache correction under {sampler}"
+    assert not torch.equal(corrected, uncorrected)
+    by_hand = direct({"ratio": 0.0, "cache": True, **cache}, sampler=sampler)
+    assert torch.allclose(corrected, by_hand, atol=1e-5) and not torch.allclose(uncorrected, by_hand, atol=1e-5)
+    assert torch.equal(sample([("ToMeStepCache", cache)], sampler=sampler), corrected)
+    assert untouched(model()) and torch.equal(sample(sampler=sampler), plain)
 
 
 class _VPrediction:

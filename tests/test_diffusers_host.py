@@ -4,6 +4,7 @@ as the loop. Tiny pipelines of diffusers' own classes (tests/diffusers_pipelines
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import pytest
@@ -35,9 +36,13 @@ from diffusers_pipelines import (
     wan_call,
     wan_pipeline,
 )
+from diffusers_pipelines import (
+    flux_call as _flux_call,
+)
 
 import diffusers_tome
 import tome_core
+from diffusers_tome.schedule import LINEAR
 from tome_core import SettingsError
 
 
@@ -264,21 +269,21 @@ def test_the_pipeline_drives_the_cache_and_its_correction_as_a_session_driven_by
         tome_core.remove_patch(flux)
 
 
-@pytest.mark.parametrize(
-    "scheduler",
-    [
-        lambda: UniPCMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=3.0),
-        lambda: DPMSolverMultistepScheduler(
-            use_flow_sigmas=True,
-            prediction_type="flow_prediction",
-            use_dynamic_shifting=True,
-            time_shift_type="exponential",
-        ),
-    ],
-)
-def test_under_another_scheduler_the_correction_stands_aside_quietly_and_a_gain_set_by_hand_says_why(
-    scheduler, console
-):
+MULTISTEP = [
+    lambda: UniPCMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=3.0),
+    lambda: DPMSolverMultistepScheduler(
+        use_flow_sigmas=True,
+        prediction_type="flow_prediction",
+        use_dynamic_shifting=True,
+        time_shift_type="exponential",
+    ),
+]
+
+
+@pytest.mark.parametrize("scheduler", MULTISTEP)
+def test_under_a_multistep_scheduler_the_correction_acts_through_the_schedulers_own_linear_map(scheduler, console):
+    """UniPC and DPM-Solver++ (flow sigmas): the part's sampler is the scheduler's own loop, read as its linear map,
+    which is exact (it predicts the scheduler's result for any outputs), and the default correction acts under it."""
     pipe = flux_pipeline(scheduler())
     name = type(pipe.scheduler).__name__
     tome_core.apply_patch(pipe, ratio=0, cache=True, cache_correction=0)
@@ -286,14 +291,63 @@ def test_under_another_scheduler_the_correction_stands_aside_quietly_and_a_gain_
         uncorrected = flux_call(pipe)
         assert tome_core.cache_stats(pipe)[0]["cached"] > 0
         tome_core.apply_patch(pipe, ratio=0, cache=True)
+        corrected = flux_call(pipe)
+        assert not torch.equal(corrected, uncorrected)
+        assert list(tome_core.get_patch(pipe).last.notes) == [f"cache correction under {name}"]
+        assert f"ToMe note: cache correction under {name}" in console()
+        assert torch.equal(flux_call(pipe), corrected)  # deterministic
+    finally:
+        tome_core.remove_patch(pipe)
+    from diffusers_tome.schedule import parts
+    from tome_core.caching.samplers import linearize
+
+    pipe.scheduler.set_timesteps(6)
+    (part,) = parts(pipe, ["transformer"], 6).values()
+    linear = linearize(part.name, part.sample, part.sigmas)
+    gen = torch.Generator().manual_seed(0)
+    x0, outs = (
+        torch.randn(1, 3, generator=gen, dtype=torch.float64),
+        torch.randn(6, 1, 3, generator=gen, dtype=torch.float64),
+    )
+
+    def weighed(weights: torch.Tensor, outputs: torch.Tensor) -> torch.Tensor:
+        return torch.einsum("j,jbc->bc", weights, outputs)
+
+    run = copy.deepcopy(pipe.scheduler)
+    x, seen = x0.clone(), []
+    for i, t in enumerate(pipe.scheduler.timesteps):
+        seen.append(x)
+        x = run.step(outs[i], t, x, return_dict=False)[0]
+    base = [
+        s - weighed(linear.seen[k], outs) for k, s in enumerate(seen)
+    ]  # what x0 alone gives: the same for any outputs
+    others = torch.randn(6, 1, 3, generator=gen, dtype=torch.float64)
+    run, y = copy.deepcopy(pipe.scheduler), x0.clone()
+    for i, t in enumerate(pipe.scheduler.timesteps):
+        assert torch.allclose(y, base[i] + weighed(linear.seen[i], others), atol=1e-5)
+        y = run.step(others[i], t, y, return_dict=False)[0]
+    assert torch.allclose(y - weighed(linear.final, others), x - weighed(linear.final, outs), atol=1e-5)
+
+
+def test_under_a_scheduler_it_does_not_know_the_correction_stands_aside_quietly_and_a_gain_set_by_hand_says_why(
+    console,
+):
+    pipe = flux_pipeline(FlowMatchEulerDiscreteScheduler(stochastic_sampling=True))  # noise at every step
+
+    def flux_call(pipe):  # its noise from the global generator: seeded alike for each call
+        torch.manual_seed(0)
+        return _flux_call(pipe)
+
+    name = type(pipe.scheduler).__name__
+    tome_core.apply_patch(pipe, ratio=0, cache=True, cache_correction=0)
+    try:
+        uncorrected = flux_call(pipe)
+        tome_core.apply_patch(pipe, ratio=0, cache=True)
         assert torch.equal(flux_call(pipe), uncorrected) and not tome_core.get_patch(pipe).last.notes
         tome_core.apply_patch(pipe, ratio=0, cache=True, cache_correction=0.5)
         assert torch.equal(flux_call(pipe), uncorrected)
         (note,) = tome_core.get_patch(pipe).last.notes
-        assert (
-            note
-            == f"cache correction off: the scheduler is {name}; the correction is exact under FlowMatchEulerDiscreteScheduler only"
-        )
+        assert note == f"cache correction off: the scheduler is {name}; the correction acts under {', '.join(LINEAR)}"
         assert f"ToMe note: {note}" in console()
     finally:
         tome_core.remove_patch(pipe)

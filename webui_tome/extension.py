@@ -16,7 +16,8 @@ from typing import Any
 from torch import nn
 
 from tome_core import settings as S
-from tome_core.caching.correction import why_not_euler
+from tome_core.caching import samplers
+from tome_core.caching.correction import why_not_corrected
 from tome_core.report import PassCount
 from tome_core.session import Session, apply_settings, find_unet, get_patch, remove_patch
 from tome_core.settings import SettingsError, ToMeSettings
@@ -54,33 +55,40 @@ def sampling_position(params: Any) -> tuple[float, int]:
     return min(int(params.sampling_step) / total, 1.0), total
 
 
-def euler_schedule(params: Any) -> tuple[list[float] | None, str | None]:
-    """What ``cache_correction`` needs of this denoiser call (``CFGDenoiserParams``): the pass's sigmas from its first
-    step (the call's own sigma found in them, less the call's step, :func:`sampling_position`), where the sampler is
-    k-diffusion's first-order Euler (``func`` ``sample_euler``, no ``s_churn``), the model's output is its direction
-    (the predictor's ``denoised = x − σ·out``) and the host hands its sampler's sigmas to the model (Forge Neo:
+def sampler_schedule(params: Any) -> tuple[str | None, list[float] | None, Any, str | None]:
+    """What ``cache_correction`` needs of this denoiser call (``CFGDenoiserParams``): the sampler's name, the pass's
+    sigmas from its first step (the call's own sigma found in them, less the call's step, :func:`sampling_position`)
+    and the sampler's own function (``func``), where the sampler is a linear one (k-diffusion's ``sample_euler``
+    without ``s_churn``, ``sample_dpmpp_2m``, ``sample_res_multistep``, Forge Neo's ``sample_unipc``, …:
+    :data:`tome_core.caching.samplers.LINEAR`), the model's output is its direction (the predictor's
+    ``denoised = x − σ·out``) and the host hands its sampler's sigmas to the model (Forge Neo:
     ``transformer_options["sampling_sigmas"]``, ``sd_samplers_kdiffusion.py:193, 248``, all of them, of which img2img
-    runs the tail); else None and why not."""
+    runs the tail); else Nones and why not."""
     denoiser = getattr(params, "denoiser", None)
     sampler, p = getattr(denoiser, "sampler", None), getattr(denoiser, "p", None)
-    name = str(getattr(getattr(sampler, "func", None), "__name__", getattr(p, "sampler_name", "unknown")))
+    function = getattr(sampler, "func", None)
+    name = samplers.name_of(str(getattr(function, "__name__", getattr(p, "sampler_name", "unknown"))))
     predictor = getattr(getattr(sampler, "model_wrap", None), "predictor", None)
     churn = float(getattr(p, "s_churn", 0.0) or 0.0)
-    why_not = why_not_euler(getattr(p, "sampler_name", name), name == "sample_euler", churn, predictor)
+    why_not = why_not_corrected(getattr(p, "sampler_name", name), name, churn, predictor)
     if why_not:
-        return None, why_not
+        return None, None, None, why_not
     unet = getattr(getattr(getattr(p, "sd_model", None), "forge_objects", None), "unet", None)
     options = getattr(unet, "model_options", {}).get("transformer_options", {})
     sigmas, sigma = options.get("sampling_sigmas"), getattr(params, "sigma", None)
     if sigmas is None or sigma is None:
-        return None, "this host gives no Euler sampler's schedule (ComfyUI and Forge Neo do)"
+        return None, None, None, "this host gives no sampler's schedule (ComfyUI and Forge Neo do)"
     values, now = [float(s) for s in sigmas], float(sigma.flatten()[0])
     fraction, steps = sampling_position(params)
     here = next((i for i, s in enumerate(values) if abs(s - now) <= 1e-5 * max(abs(now), 1e-8)), None)
     start = None if here is None else here - round(fraction * steps)
     if start is None or start < 0 or len(values) - start != steps + 1:
-        return None, "the sampler's sigmas do not match this pass's steps"
-    return values[start:], None
+        return None, None, None, "the sampler's sigmas do not match this pass's steps"
+
+    def sample(model: Any, x: Any, sigmas: Any) -> Any:
+        return function(model, x, sigmas, extra_args={}, callback=None, disable=True)
+
+    return name, values[start:], sample if callable(function) else None, None
 
 
 def sampling_progress(params: Any) -> float:
@@ -95,8 +103,8 @@ NEO = "neo"
 release "2.26"); Forge main has ``2.0.1v1.10.1`` (at ``dfdcbab``), Forge Classic ``classic`` (at ``1f95d71``), and A1111
 has no ``modules_forge``."""
 ONLY_IN_NEO = ("cache_correction",)
-"""Settings that can act only in Forge Neo: the correction needs a diffusion transformer under Euler, with the sampler's
-sigmas handed to the model (:func:`euler_schedule`). A1111 and Forge Classic run UNets only; Forge main's Flux is a
+"""Settings that can act only in Forge Neo: the correction needs a diffusion transformer under a linear sampler (Euler,
+DPM++ 2M, UniPC, …), with the sampler's sigmas handed to the model (:func:`sampler_schedule`). A1111 and Forge Classic run UNets only; Forge main's Flux is a
 transformer, but Forge hands the model no sigmas."""
 
 
@@ -154,11 +162,13 @@ class PatchRegistry:
         for patch in self._live():
             patch.set_progress(fraction, steps)
 
-    def set_euler(self, sigmas: list[float] | None, why_not: str | None = None) -> None:
-        """Say the sampler to every live patch (:meth:`tome_core.session.Session.set_euler`): ``cache_correction``
-        needs the Euler sampler's sigmas."""
+    def set_sampler(
+        self, name: str | None, sigmas: list[float] | None, sample: Any = None, why_not: str | None = None
+    ) -> None:
+        """Say the sampler to every live patch (:meth:`tome_core.session.Session.set_sampler`): ``cache_correction``
+        needs the sampler and its sigmas."""
         for patch in self._live():
-            patch.set_euler(sigmas, why_not)
+            patch.set_sampler(name, sigmas, sample, why_not)
 
     def cache_counts(self) -> list[PassCount]:
         """The steps the live patches' step caches ran, per sampling pass (control models have no cache)."""

@@ -57,7 +57,7 @@ from .correction import Correction
 from .forecast import Forecast
 from .forwards import Replaced, replace_forward, restore_forwards, skippable
 from .ranks import ALONE, Ranks
-from .samplers import BUILT_IN, LinearSampler, NotLinear, SamplerFunction, linearize
+from .samplers import ACTS_UNDER, BUILT_IN, LinearSampler, NotLinear, SamplerFunction, linearize
 from .schedule import Schedule, too_short
 
 log = logging.getLogger("tome_core")
@@ -229,18 +229,23 @@ class StepCache:
         schedule, its end included), read as a linear map (:mod:`.samplers`) from ``sample`` (the host's own function,
         k-diffusion's signature) or else the core's own sampler of that name; None, or a sampler that is no linear
         one: the correction stands aside (``why_not`` says why, in the note where it is said)."""
+        known = self._sampler
+        if known is not None and sigmas is not None and (known.name, known.sigmas) == (name, tuple(map(float, sigmas))):
+            return  # said again (the WebUI says it at every call): read once
         self._sampler = None
         if name is None or sigmas is None:
             self._no_sampler = why_not or self._no_sampler
             return
         sample = sample or BUILT_IN.get(name)
         if sample is None:
-            self._no_sampler = why_not or f"the sampler is {name}; the correction acts under {', '.join(BUILT_IN)}"
+            self._no_sampler = why_not or f"the sampler is {name}; {ACTS_UNDER}"
             return
         try:
             self._sampler = linearize(name, sample, sigmas)
         except NotLinear as error:
             self._no_sampler = f"{error}; the correction acts under samplers that call the model once a step"
+        except Exception as error:  # the host's function cannot run on its own: no correction, never a failed image
+            self._no_sampler = f"the sampler {name} could not be read ({type(error).__name__}: {error})"
 
     def set_ranks(self, ranks: Ranks) -> None:
         """The calls to come run on ``ranks`` together (a host's process group, :mod:`.ranks`): every rank decides

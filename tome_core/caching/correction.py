@@ -16,9 +16,12 @@ step's own arguments (its time modulation included): ``head(h_m)`` is what it ga
 the probe's stream plus ``R̃_m``. It adds to the entry's output, which the model
 only maps linearly from there (a projection, unpatchifying), and the host's Euler step (``d = (x − denoised) / σ``
 is the model's output for flow-matching and epsilon models) and classifier-free guidance combine the calls' outputs
-linearly, so guided samples get the same correction. It is exact for the first-order Euler sampler only: a multistep
-sampler would carry the corrected output into later steps, and the weights need the next step's sigma, which only the
-host's sampler knows (:meth:`tome_core.session.Session.set_euler`).
+linearly, so guided samples get the same correction. That is Euler's case. Under a linear multistep sampler (DPM++
+2M, DEIS, res_multistep, UniPC) the cached steps' outputs also live on in the sampler's history, and a full step's
+changed output in turn: :mod:`.samplers` reads the sampler as a linear map and gives the weights, ``W[k, m]``, with
+which the full step's output and the next few outputs carry each cached step's difference so that every later input
+lands where it should (under Euler: the weight above at the full step, none later). The weights need the sampler
+and its sigmas, which only the host knows (:meth:`tome_core.session.Session.set_sampler`).
 
 Measured on the lab's trained FLUX- and Wan-layout models (``benchmarks.quality.dit_correction``, 64 seeds): gains
 0.5 and 0.75 (the default) keep more than the uncorrected pass at every cache interval on both.
@@ -32,6 +35,7 @@ from typing import Any
 
 import torch
 
+from . import samplers
 from .forecast import kept_on, moved_to
 from .samplers import LinearSampler
 
@@ -143,12 +147,12 @@ def output_is_direction(prediction: Any) -> bool:
         return False
 
 
-def why_not_euler(sampler: str, euler: bool, churn: float, prediction: Any, word: str = "Euler") -> str | None:
-    """Why the correction cannot act on a host's sampling, or None where it can: the host's ``sampler`` (its name as
-    the host shows it) is the first-order Euler (``euler``) without ``churn``, and its ``prediction`` makes the
-    model's output Euler's direction (:func:`output_is_direction`). ``word``: how the host writes Euler."""
-    if not euler or churn > 0:
-        return f"the sampler is {sampler}; the correction is exact under {word} only"
-    if not output_is_direction(prediction):
-        return f"this model's output is not {word}'s direction (v-prediction or EDM)"
-    return None
+def why_not_corrected(shown: str, name: str, churn: float, prediction: Any) -> str | None:
+    """Why the correction cannot act on a host's sampling, or None where it can: the host's sampler (``shown``: its
+    name as the host shows it; ``name``: :func:`.samplers.name_of` its function) is a linear one without ``churn``
+    (:func:`.samplers.why_not`), and its ``prediction`` makes the model's output the direction
+    (:func:`output_is_direction`)."""
+    why = samplers.why_not(shown, name, churn)
+    if why is None and not output_is_direction(prediction):
+        why = "this model's output is not the sampler's direction (v-prediction or EDM)"
+    return why

@@ -99,7 +99,7 @@ class NotLinear(ValueError):
 def linearize(name: str, sample: SamplerFunction, sigmas: Sequence[float]) -> LinearSampler:
     """The linear map of ``sample`` on ``sigmas`` (see the module), read by running it once on coefficient vectors.
     Raises :class:`NotLinear` where it calls the model other than once per step or gives non-finite weights. The global
-    random state is left as it was (a sampler that drew noise is no linear one anyway)."""
+    random state is left as it was (a sampler that drew noise is no linear one)."""
     sigmas = [float(s) for s in sigmas]
     steps = len(sigmas) - 1
     width = 1 + 2 * steps + 1
@@ -334,6 +334,26 @@ BUILT_IN: dict[str, SamplerFunction] = {
 }
 """The core's own samplers by ComfyUI's names (see the module)."""
 
-LINEAR = frozenset(BUILT_IN) | {"ddim", "ipndm", "ipndm_v", "lms", "gradient_estimation"}
-"""ComfyUI's samplers that are linear, one call per step, without noise: a host may give their functions to
-:func:`linearize`."""
+LINEAR = frozenset(BUILT_IN) | {"ipndm", "ipndm_v", "lms", "gradient_estimation"}
+"""The samplers (by ComfyUI's names, :func:`name_of`) that are linear, one call per step, without noise: a host may
+give their functions to :func:`linearize`."""
+
+_NAMES = {"sample_unipc": "uni_pc", "sample_unipc_bh2": "uni_pc_bh2"}
+
+
+def name_of(function: str) -> str:
+    """The sampler's name (ComfyUI's) of a k-diffusion sampler function's ``__name__`` (ComfyUI's and the WebUI's:
+    ``sample_dpmpp_2m`` → ``dpmpp_2m``, ``sample_unipc`` → ``uni_pc``)."""
+    return _NAMES.get(function, function.removeprefix("sample_"))
+
+
+def why_not(shown: str, name: str, churn: float = 0.0) -> str | None:
+    """Why the correction cannot act under a host's sampler (``shown``: as the host shows it; ``name``:
+    :func:`name_of` its function; ``churn``: Euler's ``s_churn``, which adds noise), or None where it can."""
+    if name not in LINEAR or churn > 0:
+        return f"the sampler is {shown}; {ACTS_UNDER}"
+    return None
+
+
+ACTS_UNDER = "the correction acts under linear samplers (euler, dpmpp_2m, deis, res_multistep, uni_pc and the like)"
+"""The end of the note where a sampler is no linear one."""

@@ -261,7 +261,63 @@ def sample_heun(model, x, sigmas, extra_args=None, callback=None, disable=None):
     return x
 
 
-SAMPLERS = {"euler": sample_euler, "heun": sample_heun}
+def sample_dpmpp_2m(model, x, sigmas, extra_args=None, callback=None, disable=None):
+    """DPM-Solver++(2M) in log-sigma time: the second-order mix of this and the last denoised image, first order at
+    the first step and onto sigma 0."""
+    s_in, last = x.new_ones([x.shape[0]]), None
+    for i in range(len(sigmas) - 1):
+        denoised = model(x, sigmas[i] * s_in, **extra_args)
+        if callback is not None:
+            callback({"x": x, "i": i, "sigma": sigmas[i], "denoised": denoised})
+        t, t_next = -sigmas[i].log(), -sigmas[i + 1].log()
+        h = t_next - t
+        if last is None or sigmas[i + 1] == 0:
+            x = (sigmas[i + 1] / sigmas[i]) * x - torch.expm1(-h) * denoised
+        else:
+            r = (t - (-sigmas[i - 1].log())) / h
+            x = (sigmas[i + 1] / sigmas[i]) * x - torch.expm1(-h) * ((1 + 1 / (2 * r)) * denoised - last / (2 * r))
+        last = denoised
+    return x
+
+
+def sample_res_multistep(model, x, sigmas, extra_args=None, callback=None, disable=None):
+    """res_multistep without noise: Euler at the first step and onto sigma 0, else the exponential integrator's
+    second-order multistep update (phi functions of the log-sigma step, the last denoised image at its relative
+    position)."""
+    s_in, last = x.new_ones([x.shape[0]]), None
+    for i in range(len(sigmas) - 1):
+        denoised = model(x, sigmas[i] * s_in, **extra_args)
+        if callback is not None:
+            callback({"x": x, "i": i, "sigma": sigmas[i], "denoised": denoised})
+        if last is None or sigmas[i + 1] == 0:
+            x = x + _to_d(x, sigmas[i] * s_in, denoised) * (sigmas[i + 1] - sigmas[i])
+        else:
+            t, t_next, t_prev = -sigmas[i].log(), -sigmas[i + 1].log(), -sigmas[i - 1].log()
+            h = t_next - t
+            c2 = (t_prev - t) / h
+            phi1 = torch.expm1(-h) / -h
+            phi2 = (phi1 - 1) / -h
+            x = torch.exp(-h) * x + h * ((phi1 - phi2 / c2) * denoised + (phi2 / c2) * last)
+        last = denoised
+    return x
+
+
+def sample_unipc(model, x, sigmas, extra_args=None, callback=None, disable=None):
+    """UniPC (bh1, order 3): this double runs the core's own (``tome_core.caching.samplers.sample_uni_pc``, which
+    ``tests/test_samplers_linear.py`` holds to ComfyUI's ``comfy/extra_samplers/uni_pc.py`` where ComfyUI is at hand),
+    under ComfyUI's function name."""
+    from tome_core.caching.samplers import sample_uni_pc
+
+    return sample_uni_pc(lambda v, sigma: model(v, sigma * x.new_ones([x.shape[0]]), **extra_args), x, sigmas)
+
+
+SAMPLERS = {
+    "euler": sample_euler,
+    "heun": sample_heun,
+    "dpmpp_2m": sample_dpmpp_2m,
+    "res_multistep": sample_res_multistep,
+    "uni_pc": sample_unipc,
+}
 
 
 class KSAMPLER:

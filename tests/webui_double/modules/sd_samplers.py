@@ -9,7 +9,8 @@ The inner model is a CompVisDenoiser (eps parameterisation): ``c_in = 1/sqrt(sig
 ``eps = sd_model.apply_model(x * c_in, t(sigma), cond)`` -> ``x - eps * sigma``; sigmas are the model's
 discrete sigmas spaced uniformly in t (the "Automatic" schedule of Euler). Each sampler's ``func`` is named after the
 k-diffusion function the real name runs (``KDiffusionSampler.func``, sd_samplers_kdiffusion.py: ``sample_euler`` for
-"Euler", ``sample_dpmpp_2m`` for "DPM++ 2M", ...), a stand-in whose name is what an extension reads.
+"Euler", ``sample_dpmpp_2m`` for "DPM++ 2M", ...): Euler's runs (k-diffusion's, without churn), the others are
+stand-ins whose name is what an extension reads and which raise if run.
 
 TEST-ONLY FAILURE INJECTION: if the processing object has a callable ``_test_fail_at_step``, the loop calls
 ``p._test_fail_at_step(i, x)`` right before step i's denoiser call. It may raise (e.g. ``NansException``,
@@ -36,7 +37,20 @@ FUNCS = {
 """The function each name runs in the real WebUI (k-diffusion's; DDIM's own)."""
 
 
+def sample_euler(model, x, sigmas, extra_args=None, callback=None, disable=None):
+    """k-diffusion's ``sample_euler`` without churn (what the double's loop runs), for an extension that runs the
+    sampler's ``func`` itself (ToMe reads the sampler's linear map from it)."""
+    s_in = x.new_ones([x.shape[0]])
+    for i in range(len(sigmas) - 1):
+        denoised = model(x, sigmas[i] * s_in, **(extra_args or {}))
+        x = x + (x - denoised) / sigmas[i] * (sigmas[i + 1] - sigmas[i])
+    return x
+
+
 def _named(name: str):
+    if name == "sample_euler":
+        return sample_euler
+
     def func(*args, **kwargs):
         raise NotImplementedError("the double samples with EulerSamplerDouble._euler")
 
