@@ -1,0 +1,106 @@
+"""Guided sampling of the lab's trained DiTs under the samplers people run beside Euler (issue 53): ComfyUI's own
+sampler functions, imported from its sampling code where a checkout is named (``TOME_COMFYUI``), else the core's own
+implementations of them (:data:`tome_core.caching.samplers.BUILT_IN`, held to ComfyUI's by
+``tests/test_samplers_linear.py``), with our cache told the sampler as a host tells it (``Session.set_sampler`` with
+the function that runs).
+
+ComfyUI's ``uni_pc`` and ``uni_pc_bh2`` drop the next-to-last sigma (``DISCARD_PENULTIMATE_SIGMA_SAMPLERS``): a pass of
+``steps`` runs ``steps − 1`` steps, as there."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+import tome_core
+from benchmarks.lab.dit import CFG, Trained
+from tome_core.caching import samplers as core
+from tome_core.settings import ToMeSettings
+
+NAMES = ("euler", "dpmpp_2m", "deis", "res_multistep", "uni_pc", "uni_pc_bh2")
+DISCARD_PENULTIMATE = ("uni_pc", "uni_pc_bh2")
+
+
+def comfy_functions(root: str | None = None) -> dict[str, Callable] | None:
+    """ComfyUI's sampler functions by name from the checkout at ``root`` (default ``TOME_COMFYUI``; its sampling
+    modules alone, the two modules they import for other samplers stubbed), or None without one."""
+    root = root or os.environ.get("TOME_COMFYUI")
+    if not root or not (Path(root) / "comfy" / "k_diffusion" / "sampling.py").is_file():
+        return None
+    package = sys.modules.setdefault("comfy", types.ModuleType("comfy"))
+    package.__path__ = [str(Path(root) / "comfy")]
+    for name in ("comfy.model_patcher", "comfy.model_sampling"):
+        sys.modules.setdefault(name, types.ModuleType(name))
+    import comfy.k_diffusion.sampling as k
+    from comfy.extra_samplers import uni_pc
+
+    found = {
+        "euler": k.sample_euler,
+        "dpmpp_2m": k.sample_dpmpp_2m,
+        "deis": k.sample_deis,
+        "res_multistep": k.sample_res_multistep,
+        "uni_pc": uni_pc.sample_unipc,
+        "uni_pc_bh2": uni_pc.sample_unipc_bh2,
+    }
+    return {n: (lambda m, x, s, f=f: f(m, x, s, extra_args={}, disable=True)) for n, f in found.items()}
+
+
+def sample_functions() -> dict[str, Callable]:
+    """The samplers to run by name (:func:`functions` without where they come from)."""
+    return functions()[0]
+
+
+def functions() -> tuple[dict[str, Callable], str]:
+    """The samplers to run and where they come from (ComfyUI's, or the core's own)."""
+    comfy = comfy_functions()
+    if comfy is not None:
+        return comfy, "ComfyUI's own sampler functions (TOME_COMFYUI)"
+    return dict(core.BUILT_IN), "the core's own samplers (no ComfyUI checkout named: TOME_COMFYUI)"
+
+
+def sigmas_for(model: Trained, name: str, steps: int, noise: torch.Tensor) -> list[float]:
+    sigmas = model.schedule(steps, noise)
+    return [*sigmas[:-2], sigmas[-1]] if name in DISCARD_PENULTIMATE else sigmas
+
+
+def sample(
+    model: Trained,
+    noise: torch.Tensor,
+    labels: torch.Tensor,
+    steps: int,
+    name: str,
+    function: Callable,
+    settings: ToMeSettings | None = None,
+) -> tuple[torch.Tensor, dict[str, int] | None]:
+    """One guided run under the sampler ``function`` (``name``), our cache at ``settings`` on the transformer for it and
+    told the sampler (removed after): the samples and the pass's steps."""
+    sigmas = sigmas_for(model, name, steps, noise)
+    patch = None if settings is None else tome_core.apply_settings(model.transformer, settings)
+    if patch is not None:
+        patch.set_sampler(name, sigmas, function)
+    empty = torch.full_like(labels, -1)
+    both = torch.cat([labels, empty])
+    n = len(sigmas) - 1
+
+    def denoiser(x: torch.Tensor, sigma: torch.Tensor, **kwargs) -> torch.Tensor:
+        s = float(torch.as_tensor(sigma).reshape(-1)[0])
+        if patch is not None:
+            step = min(range(n), key=lambda j: abs(sigmas[j] - s))
+            patch.set_progress(step / n, n)
+        with torch.no_grad():
+            cond, uncond = model(torch.cat([x, x]), torch.full((2 * len(x),), s), both).chunk(2)
+        return x - s * (uncond + CFG * (cond - uncond))
+
+    try:
+        with torch.no_grad():
+            out = function(denoiser, noise.clone(), torch.tensor(sigmas))
+        passes = patch.report().cache.passes if patch is not None else ()
+    finally:
+        if patch is not None:
+            tome_core.remove_patch(model.transformer)
+    return out, (passes[0].to_dict() if passes else None)
