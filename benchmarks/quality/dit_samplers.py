@@ -67,6 +67,18 @@ def section(data_: dict, meta: dict) -> str:
         "map (`tome_core.caching.samplers`); speed priced at "
         f"{subject.width}. `uni_pc` and `uni_pc_bh2` run one step fewer (ComfyUI drops their next-to-last sigma).",
         "",
+        *(
+            [
+                f"On this model ({subject.transformer}, whose output layer is not one module) the correction stands "
+                "aside, as it says: both columns are the uncorrected cache.",
+                "",
+            ]
+            if all(
+                r["gain"] == 0 or r["psnr_per_seed"] == data_[key.rsplit("/", 1)[0] + "/0"]["psnr_per_seed"]
+                for key, r in data_.items()
+            )
+            else []
+        ),
         "| sampler | N | steps (full + cached) | speed | uncorrected | corrected (default) | gain |",
         "|---|---:|---|---:|---|---|---:|",
     ]
