@@ -4,14 +4,10 @@ and the core's own samplers are ComfyUI's (where a ComfyUI checkout is at hand: 
 
 from __future__ import annotations
 
-import os
-import sys
-import types
-from pathlib import Path
-
 import pytest
 import torch
 
+from benchmarks.lab.samplers import comfy_functions
 from tome_core.caching import samplers as L
 
 
@@ -103,40 +99,7 @@ def test_names_and_why_not():
     assert L.why_not("Euler a", "euler_ancestral") == f"the sampler is Euler a; {L.ACTS_UNDER}"
 
 
-def _comfy_samplers():
-    """ComfyUI's own sampler functions, from the checkout ``TOME_COMFYUI`` names (its sampling modules only: the two
-    modules they import for other samplers stubbed), or None."""
-    root = os.environ.get("TOME_COMFYUI")
-    if not root or not (Path(root) / "comfy" / "k_diffusion" / "sampling.py").is_file():
-        return None
-    double = {n: m for n, m in sys.modules.items() if n == "comfy" or n.startswith("comfy.")}  # the double's
-    for n in double:
-        del sys.modules[n]
-    sys.path.insert(0, root)
-    try:
-        package = sys.modules["comfy"] = types.ModuleType("comfy")  # a namespace package there: ComfyUI's alone
-        package.__path__ = [str(Path(root) / "comfy")]
-        for name in ("comfy.model_patcher", "comfy.model_sampling"):
-            sys.modules[name] = types.ModuleType(name)
-        import comfy.k_diffusion.sampling as k
-        from comfy.extra_samplers import uni_pc
-    finally:
-        sys.path.remove(root)
-        for n in [n for n in sys.modules if n == "comfy" or n.startswith("comfy.")]:
-            del sys.modules[n]
-        sys.modules.update(double)
-    functions = {
-        "euler": k.sample_euler,
-        "dpmpp_2m": k.sample_dpmpp_2m,
-        "deis": k.sample_deis,
-        "res_multistep": k.sample_res_multistep,
-        "uni_pc": uni_pc.sample_unipc,
-        "uni_pc_bh2": uni_pc.sample_unipc_bh2,
-    }
-    return {n: (lambda m, x, s, f=f: f(m, x, s, extra_args={}, disable=True)) for n, f in functions.items()}
-
-
-COMFY = _comfy_samplers()
+COMFY = comfy_functions()
 
 
 @pytest.mark.skipif(COMFY is None, reason="no ComfyUI checkout (TOME_COMFYUI)")

@@ -28,16 +28,29 @@ DISCARD_PENULTIMATE = ("uni_pc", "uni_pc_bh2")
 
 def comfy_functions(root: str | None = None) -> dict[str, Callable] | None:
     """ComfyUI's sampler functions by name from the checkout at ``root`` (default ``TOME_COMFYUI``; its sampling
-    modules alone, the two modules they import for other samplers stubbed), or None without one."""
+    modules alone, the two modules they import for other samplers stubbed), or None without one. Another ``comfy``
+    already imported (the tests' ComfyUI double) is set aside while they load and put back after."""
     root = root or os.environ.get("TOME_COMFYUI")
     if not root or not (Path(root) / "comfy" / "k_diffusion" / "sampling.py").is_file():
         return None
-    package = sys.modules.setdefault("comfy", types.ModuleType("comfy"))
-    package.__path__ = [str(Path(root) / "comfy")]
-    for name in ("comfy.model_patcher", "comfy.model_sampling"):
-        sys.modules.setdefault(name, types.ModuleType(name))
-    import comfy.k_diffusion.sampling as k
-    from comfy.extra_samplers import uni_pc
+
+    def ours(name: str) -> bool:
+        return name == "comfy" or name.startswith("comfy.")
+
+    held = {n: m for n, m in sys.modules.items() if ours(n)}
+    for n in held:
+        del sys.modules[n]
+    try:
+        package = sys.modules["comfy"] = types.ModuleType("comfy")  # a namespace package there: ComfyUI's alone
+        package.__path__ = [str(Path(root) / "comfy")]
+        for name in ("comfy.model_patcher", "comfy.model_sampling"):
+            sys.modules[name] = types.ModuleType(name)
+        import comfy.k_diffusion.sampling as k
+        from comfy.extra_samplers import uni_pc
+    finally:
+        for n in [n for n in sys.modules if ours(n)]:
+            del sys.modules[n]
+        sys.modules.update(held)
 
     found = {
         "euler": k.sample_euler,
