@@ -5,6 +5,8 @@ the cache's bit for bit, and a note says why (quietly at the default, 0.75); the
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from bfl_flux_double import Flux
@@ -375,3 +377,40 @@ def test_the_webui_reads_the_passs_sampler_and_schedule_from_neos_sigmas():
             None,
             f"the sampler is {name}; {ACTS_UNDER}",
         )
+
+
+def test_a_loop_that_only_names_its_sampler_is_placed_on_its_schedule_by_the_timestep():
+    """A sampling loop of its own (diffusers' UniPC, whose timesteps are integers cut from 1000 σ) that tells the session
+    ``set_sampler(name, sigmas)`` and never its progress gets the pass it would with progress reported: the last step
+    full and the correction acting; without the schedule the last step is cached and nothing is corrected."""
+    from diffusers import UniPCMultistepScheduler
+
+    model = WanModel(seed=5).eval().requires_grad_(False)
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    scheduler.set_timesteps(8)
+    sigmas, steps = [float(s) for s in scheduler.sigmas], len(scheduler.timesteps)
+    assert scheduler.timesteps.dtype == torch.int64 and float(scheduler.timesteps[1]) != 1000 * sigmas[1]
+
+    def run(tell: str) -> tuple[torch.Tensor, dict, tuple]:
+        loop = copy.deepcopy(scheduler)
+        patch = tome_core.apply_settings(model, ToMeSettings(ratio=0.0, cache=True, cache_interval=3))
+        if tell != "nothing":
+            patch.set_sampler("uni_pc_bh2", sigmas)
+        x = _noise(4, 3, 8, 8)
+        try:
+            with torch.no_grad():
+                for i, t in enumerate(loop.timesteps):
+                    if tell == "progress":
+                        patch.set_progress(i / steps, steps)
+                    out = model(x, torch.full((B,), float(t)), _context(), transformer_options={})
+                    x = loop.step(out, t, x, return_dict=False)[0]
+            report = patch.report().cache
+        finally:
+            tome_core.remove_patch(model)
+        return x, report.passes[0].to_dict(), report.notes
+
+    reported, named, unplaced = run("progress"), run("sampler"), run("nothing")
+    assert torch.equal(named[0], reported[0]) and named[1:] == reported[1:]
+    assert named[1] == {"full": 4, "cached": 4, "skipped": 0}  # 0, 3, 6 and the last, 7
+    assert any("cache correction under uni_pc_bh2" in note for note in named[2])
+    assert unplaced[1] != named[1] and not torch.equal(unplaced[0], named[0])

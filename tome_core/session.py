@@ -126,8 +126,9 @@ class Session:
         included) and, where the host has it, its ``sample`` function (k-diffusion's signature); with
         ``cache_correction`` the step cache then corrects its cached steps under that sampler
         (:mod:`tome_core.caching.samplers`). None, or a sampler that is no linear one (ancestral, SDE, two calls a
-        step): the correction stands aside (``why_not``: why, for the note). The host reports each step's progress as
-        well (:meth:`set_progress`)."""
+        step): the correction stands aside (``why_not``: why, for the note). A caller that does not report each step's
+        progress (:meth:`set_progress`) needs nothing more: each call is placed on ``sigmas`` by its timestep."""
+        self.clock.set_schedule(sigmas)
         if self.cache is not None:
             self.cache.set_sampler(name, sigmas, sample, why_not)
 

@@ -2,7 +2,8 @@
 
 Every call of a patched model is placed once, in the root's forward pre-hook (:meth:`StepClock.begin`): its latent
 size and batch, its step (from the progress the caller reports with :meth:`StepClock.set_progress`, as the WebUI
-script does every step; else from the call's timestep), its number within that step (cond and uncond called
+script does every step; else from the call's timestep, placed on the sampler's schedule where the caller gave one
+(:meth:`StepClock.set_schedule`)), its number within that step (cond and uncond called
 separately, or extra guidance passes such as SAG/PAG, each have their own), Forge's ``cond_or_uncond`` chunk when the
 host says it, and the frames of ComfyUI's context window when the call covers one. A reported progress smaller than
 the last one, or a timestep larger than the last one, starts a new pass (hires fix, img2img, the next generation).
@@ -14,6 +15,7 @@ With progress reported nothing is read back from the device; without it the time
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +106,22 @@ class StepClock:
         self._step = 0
         self._index = 0
         self._step_time: torch.Tensor | float | None = None
+        self._times: tuple[float, ...] = ()  # the schedule's steps on the 0–1000 scale (:meth:`set_schedule`)
+
+    def set_schedule(self, sigmas: Sequence[float] | None) -> None:
+        """The sampler's schedule (its sigmas, the end included) for calls without reported progress: a call whose
+        timestep is one of its steps' (``1000 σ``, as a flow-matching transformer is called; diffusers' integer
+        timesteps too) is placed there, its progress ``k / n`` of ``n`` steps, as if the caller had reported it. A
+        timestep that matches no step, or several, is read as before."""
+        self._times = () if sigmas is None else tuple(1000.0 * float(s) for s in list(sigmas)[:-1])
+
+    def _placed(self, time: float) -> tuple[float, int] | None:
+        """``(progress, steps)`` of the schedule's step whose time is ``time`` (within a unit: an integer timestep
+        cut from ``1000 σ``), or None where no step's, or more than one's, is."""
+        near = [k for k, t in enumerate(self._times) if abs(time - t) <= 1.0 + 1e-6 * t]
+        if len(near) != 1:
+            return None
+        return near[0] / len(self._times), len(self._times)
 
     def set_progress(self, fraction: float | None, steps: int | None = None) -> None:
         """Report sampling progress (0 at the first step, 1 at the end; ``None`` when unknown) and, if known, the
@@ -121,12 +139,13 @@ class StepClock:
         reported = self.progress is not None
         time = _first_timestep(timesteps)
         if reported:
-            key = progress = self.progress
-        elif read_timestep:
-            key = None if time is None else float(time)  # the one read back from the device
-            progress = None if key is None else 1.0 - key / 1000.0
+            key, progress, steps = self.progress, self.progress, self.steps
+        elif read_timestep and time is not None:
+            key = float(time)  # the one read back from the device
+            placed = self._placed(key) if self._times else None
+            progress, steps = placed if placed is not None else (1.0 - key / 1000.0, None)
         else:
-            key = progress = None
+            key = progress = steps = None
         restarted = False
         if key is None or key != self._key:
             restarted = key is None or self._key is None or (key < self._key if reported else key > self._key)
@@ -136,7 +155,6 @@ class StepClock:
             self._step_time = time
         else:
             self._index += 1
-        steps = self.steps if reported else None
         chunk = _chunk(kwargs)
         self.call = Call(
             size,
