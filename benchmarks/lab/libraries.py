@@ -26,9 +26,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-from benchmarks.lab.dit import BlockCosts
+from benchmarks.lab.dit import BlockCosts, Trained, guided_euler
+from benchmarks.lab.trained.metrics import psnr_ssim
 
 Params = tuple[tuple[str, object], ...]
 
@@ -413,6 +415,58 @@ def settings(steps: int, transformer: str = "FluxTransformer2DModel") -> list[Se
 
 LIBRARIES = ("cache-dit", "diffusers")
 """The real libraries a ``dit_libraries`` run sweeps."""
+
+
+Sampler = Callable[[Trained, torch.Tensor, torch.Tensor, bool], torch.Tensor]
+"""A guided pass of the lab: ``(model, noise, labels, uncond_first)`` to the samples."""
+
+
+def run_setting(
+    models: dict,
+    setting: Setting,
+    noise,
+    labels,
+    plain,
+    steps: int,
+    ratios,
+    costs: BlockCosts,
+    sampler: Sampler | None = None,
+) -> dict:
+    """``setting`` image by image on its library's copy of the model, told a pass of ``steps`` model calls: per
+    image PSNR against ``plain`` (list) and speed-up; the pass is ``sampler``'s (default: guided Euler)."""
+    sampler = sampler or (lambda m, x, y, first: guided_euler(m, x, y, steps, uncond_first=first))
+    model = models[setting.library]
+    executed = Executed(model.transformer)
+    outs, speeds = [], []
+    try:
+        for i in range(len(noise)):
+            executed.clear()
+            with setting.applied(model.transformer, steps, ratios):
+                outs.append(sampler(model, noise[i : i + 1], labels[i : i + 1], setting.uncond_first))
+            speeds.append(priced(executed, costs, setting.overhead))
+    finally:
+        executed.remove()
+    psnr, _ = psnr_ssim(torch.cat(outs), plain)
+    return {
+        "name": setting.name,
+        "psnr_per_seed": psnr.tolist(),
+        "psnr": float(psnr.mean()),
+        "speed": float(np.mean(speeds)),
+    }
+
+
+def frontier(points: list[dict]) -> list[dict]:
+    """The points no other point beats (at least as fast and as close, one of them strictly), fastest last; of equal
+    points the first."""
+    keep: list[dict] = []
+    for p in points:
+        beaten = any(
+            o["speed"] >= p["speed"] and o["psnr"] >= p["psnr"] and (o["speed"], o["psnr"]) != (p["speed"], p["psnr"])
+            for o in points
+        )
+        if not beaten and not any((k["speed"], k["psnr"]) == (p["speed"], p["psnr"]) for k in keep):
+            keep.append(p)
+    return sorted(keep, key=lambda p: p["speed"])
 
 
 def best_at(final: dict, library: str, target: float) -> dict | None:

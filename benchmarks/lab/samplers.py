@@ -5,7 +5,11 @@ implementations of them (:data:`tome_core.caching.samplers.BUILT_IN`, held to Co
 the function that runs).
 
 ComfyUI's ``uni_pc`` and ``uni_pc_bh2`` drop the next-to-last sigma (``DISCARD_PENULTIMATE_SIGMA_SAMPLERS``): a pass of
-``steps`` runs ``steps − 1`` steps, as there."""
+``steps`` runs ``steps − 1`` steps, as there.
+
+diffusers' multistep schedulers run as samplers too (:func:`diffusers_functions`: ``UniPCMultistepScheduler``,
+``DPMSolverMultistepScheduler``, each at its defaults with flow prediction, on the lab's sigmas), and the cache is told
+them as the diffusers host tells it: by the scheduler's name, with its loop as the function."""
 
 from __future__ import annotations
 
@@ -22,7 +26,9 @@ from benchmarks.lab.dit import CFG, Trained
 from tome_core.caching import samplers as core
 from tome_core.settings import ToMeSettings
 
-NAMES = ("euler", "dpmpp_2m", "deis", "res_multistep", "uni_pc", "uni_pc_bh2")
+COMFY = ("euler", "dpmpp_2m", "deis", "res_multistep", "uni_pc", "uni_pc_bh2")
+DIFFUSERS = ("UniPCMultistepScheduler", "DPMSolverMultistepScheduler")
+NAMES = COMFY + DIFFUSERS
 DISCARD_PENULTIMATE = ("uni_pc", "uni_pc_bh2")
 
 
@@ -63,17 +69,45 @@ def comfy_functions(root: str | None = None) -> dict[str, Callable] | None:
     return {n: (lambda m, x, s, f=f: f(m, x, s, extra_args={}, disable=True)) for n, f in found.items()}
 
 
+def diffusers_functions() -> dict[str, Callable]:
+    """diffusers' multistep schedulers by class name, each as a sampler function (k-diffusion's signature): a fresh
+    scheduler at its defaults with flow prediction (UniPC: order 2, bh2; DPM-Solver++: order 2, midpoint), its
+    sigmas and timesteps (``1000 σ``) set to the ones given, stepped on the model's velocity ``(x − D)/σ``."""
+    import diffusers
+
+    def loop(kind: str) -> Callable:
+        def sample(model: Callable, x: torch.Tensor, sigmas: torch.Tensor, **_) -> torch.Tensor:
+            scheduler = getattr(diffusers, kind)(prediction_type="flow_prediction", use_flow_sigmas=True)
+            scheduler.set_timesteps(len(sigmas) - 1)
+            scheduler.sigmas = sigmas.detach().to("cpu", torch.float32)
+            scheduler.timesteps = scheduler.sigmas[:-1] * 1000
+            for i, t in enumerate(scheduler.timesteps):
+                s = sigmas[i]
+                velocity = (x - model(x, s * x.new_ones(len(x)))) / s
+                x = scheduler.step(velocity, t, x, return_dict=False)[0]
+            return x
+
+        return sample
+
+    return {kind: loop(kind) for kind in DIFFUSERS}
+
+
 def sample_functions() -> dict[str, Callable]:
     """The samplers to run by name (:func:`functions` without where they come from)."""
     return functions()[0]
 
 
 def functions() -> tuple[dict[str, Callable], str]:
-    """The samplers to run and where they come from (ComfyUI's, or the core's own)."""
-    comfy = comfy_functions()
-    if comfy is not None:
-        return comfy, "ComfyUI's own sampler functions (TOME_COMFYUI)"
-    return dict(core.BUILT_IN), "the core's own samplers (no ComfyUI checkout named: TOME_COMFYUI)"
+    """The samplers to run and where they come from: ComfyUI's (or the core's own) and diffusers' schedulers."""
+    comfy, source = comfy_functions(), "ComfyUI's own sampler functions (TOME_COMFYUI)"
+    if comfy is None:
+        comfy, source = dict(core.BUILT_IN), "the core's own samplers (no ComfyUI checkout named: TOME_COMFYUI)"
+    return {**comfy, **diffusers_functions()}, source
+
+
+def calls(name: str, steps: int) -> int:
+    """The model calls of a pass of ``steps`` under the sampler ``name``."""
+    return steps - 1 if name in DISCARD_PENULTIMATE else steps
 
 
 def sigmas_for(model: Trained, name: str, steps: int, noise: torch.Tensor) -> list[float]:
@@ -89,15 +123,17 @@ def sample(
     name: str,
     function: Callable,
     settings: ToMeSettings | None = None,
+    uncond_first: bool = False,
 ) -> tuple[torch.Tensor, dict[str, int] | None]:
     """One guided run under the sampler ``function`` (``name``), our cache at ``settings`` on the transformer for it and
-    told the sampler (removed after): the samples and the pass's steps."""
+    told the sampler (removed after): the samples and the pass's steps. Cond and uncond batched: [cond, uncond], or
+    ``uncond_first``, as diffusers' pipelines batch them (the same samples)."""
     sigmas = sigmas_for(model, name, steps, noise)
     patch = None if settings is None else tome_core.apply_settings(model.transformer, settings)
     if patch is not None:
         patch.set_sampler(name, sigmas, function)
     empty = torch.full_like(labels, -1)
-    both = torch.cat([labels, empty])
+    both = torch.cat([empty, labels] if uncond_first else [labels, empty])
     n = len(sigmas) - 1
 
     def denoiser(x: torch.Tensor, sigma: torch.Tensor, **kwargs) -> torch.Tensor:
@@ -106,7 +142,8 @@ def sample(
             step = min(range(n), key=lambda j: abs(sigmas[j] - s))
             patch.set_progress(step / n, n)
         with torch.no_grad():
-            cond, uncond = model(torch.cat([x, x]), torch.full((2 * len(x),), s), both).chunk(2)
+            first, second = model(torch.cat([x, x]), torch.full((2 * len(x),), s), both).chunk(2)
+        cond, uncond = (second, first) if uncond_first else (first, second)
         return x - s * (uncond + CFG * (cond - uncond))
 
     try:

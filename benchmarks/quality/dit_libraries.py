@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from benchmarks.lab import libraries as L
 from benchmarks.lab.dit import CFG, SEEDS, STEPS, BlockCosts, Mode, guided_euler, sample
@@ -41,44 +40,6 @@ TARGETS = (2.0, 3.0, 4.0)
 OURS = tuple(Mode(f"ours-N{n}", "linear", "uniform", n) for n in (2, 3, 4, 5, 7, 8))
 """Our transformers' default (``cache_forecast`` auto = linear, ``cache_schedule`` auto = uniform) at N = 2 … 8 (at
 20 steps N=6 runs as many full steps as N=5: 0, 6, 12, 18 and the last)."""
-
-
-def frontier(points: list[dict]) -> list[dict]:
-    """The points no other point beats (at least as fast and as close, one of them strictly), fastest last; of equal
-    points the first."""
-    keep: list[dict] = []
-    for p in points:
-        beaten = any(
-            o["speed"] >= p["speed"] and o["psnr"] >= p["psnr"] and (o["speed"], o["psnr"]) != (p["speed"], p["psnr"])
-            for o in points
-        )
-        if not beaten and not any((k["speed"], k["psnr"]) == (p["speed"], p["psnr"]) for k in keep):
-            keep.append(p)
-    return sorted(keep, key=lambda p: p["speed"])
-
-
-def run_setting(models: dict, setting: L.Setting, noise, labels, plain, steps: int, ratios, costs: BlockCosts) -> dict:
-    """``setting`` image by image on its library's copy of the model: per image PSNR (list) and speed-up."""
-    model = models[setting.library]
-    executed = L.Executed(model.transformer)
-    outs, speeds = [], []
-    try:
-        for i in range(len(noise)):
-            executed.clear()
-            with setting.applied(model.transformer, steps, ratios):
-                outs.append(
-                    guided_euler(model, noise[i : i + 1], labels[i : i + 1], steps, uncond_first=setting.uncond_first)
-                )
-            speeds.append(L.priced(executed, costs, setting.overhead))
-    finally:
-        executed.remove()
-    psnr, _ = psnr_ssim(torch.cat(outs), plain)
-    return {
-        "name": setting.name,
-        "psnr_per_seed": psnr.tolist(),
-        "psnr": float(psnr.mean()),
-        "speed": float(np.mean(speeds)),
-    }
 
 
 def run(
@@ -113,7 +74,7 @@ def run(
     for k, setting in enumerate(settings):
         row = progress.get(f"sweep/{setting.name}")
         if row is None:
-            row = run_setting(
+            row = L.run_setting(
                 models, setting, noise[:sweep_seeds], labels[:sweep_seeds], plain[:sweep_seeds], steps, ratios, costs
             )
             row.pop("psnr_per_seed")
@@ -123,11 +84,11 @@ def run(
             log(f"sweep {k + 1}/{len(settings)}: {time.perf_counter() - start:.0f} s")
     final = {}
     for library in L.LIBRARIES:
-        for point in frontier([p for p in sweep if p["library"] == library]):
+        for point in L.frontier([p for p in sweep if p["library"] == library]):
             setting = by_name[point["name"]]
             final[setting.name] = progress.get(f"final/{setting.name}") or progress.put(
                 f"final/{setting.name}",
-                {"library": library, **run_setting(models, setting, noise, labels, plain, steps, ratios, costs)},
+                {"library": library, **L.run_setting(models, setting, noise, labels, plain, steps, ratios, costs)},
             )
             log(f"{setting.name}: {final[setting.name]['psnr']:.1f} dB at {final[setting.name]['speed']:.2f}x")
     final.update(ours(models["ours"], noise, labels, plain, steps, costs, log))

@@ -1,68 +1,209 @@
-"""Our cache under the samplers people run beside Euler (``python -m benchmarks.quality.dit_samplers``; issue 53): on
-the trained FLUX-layout model (or the Wan-layout video model, ``--model wan``), under ComfyUI's ``euler``, ``dpmpp_2m``,
-``deis``, ``res_multistep``, ``uni_pc`` and ``uni_pc_bh2`` (its own functions where a checkout is named,
-``TOME_COMFYUI``; else the core's own, :mod:`benchmarks.lab.samplers`), each at 20 steps: plain under that sampler is
-the reference, and our cache (the transformers' default: linear forecast, uniform schedule) at N = 2 … 5 with the
-correction at its default (0.75, told the sampler as a host tells it) and without it (0), per-seed PSNR (mean and
-worst seed) and the pass's speed priced at the real model's width.
+"""Our cache and the real libraries' under the samplers people run beside Euler (``python -m
+benchmarks.quality.dit_samplers``; issue 53): on the trained FLUX-layout model (or the Wan-layout video model,
+``--model wan``), under ComfyUI's ``euler``, ``dpmpp_2m``, ``deis``, ``res_multistep``, ``uni_pc`` and ``uni_pc_bh2``
+(its own functions where a checkout is named, ``TOME_COMFYUI``; else the core's own) and diffusers'
+``UniPCMultistepScheduler`` and ``DPMSolverMultistepScheduler`` (:mod:`benchmarks.lab.samplers`), each at 20 steps.
+Plain under that sampler is the reference.
+
+1. Ours: the transformers' default (linear forecast, uniform schedule) at N = 2 … 8 with the correction at its default
+   (0.75, told the sampler as a host tells it) and without it (0), all seeds.
+2. The real libraries (cache-dit, diffusers' hooks; :mod:`benchmarks.lab.libraries`) under the same sampler: the
+   settings of each library within :data:`SLACK` dB of its frontier in ``dit_libraries``' recorded Euler sweep, at
+   :data:`SWEPT_FROM`× or faster, swept again under this sampler on :data:`SWEEP_SEEDS` seeds, image by image; each
+   library's frontier of that sweep then on all seeds (MagCache calibrated under this sampler by its own
+   ``calibrate=True``).
+3. At 2×, 3× and 4×: each side's best run at least that fast, and ours minus the best library's, paired per seed.
+
+Per-seed PSNR (mean and worst seed); speed priced at the real model's width from the blocks each call executed.
 
     python -m benchmarks.quality.dit_samplers            # 64 seeds; writes its RESULTS.md section
-    python -m benchmarks.quality.dit_samplers --quick    # 2 seeds, untrained weights: prints only
+    python -m benchmarks.quality.dit_samplers --quick    # 2 seeds, untrained weights, a few settings: prints only
     python -m benchmarks.quality.dit_samplers --render   # the section again from benchmarks/runs/dit-samplers.json
     python -m benchmarks.quality.dit_samplers --model wan   # the Wan-layout model (run dit-samplers-wan)
-
-The real libraries under these samplers are not in this run yet (issue 53, item 1).
+    python -m benchmarks.quality.dit_samplers --progress PATH   # keep each finished run in PATH, continue from it
+    python -m benchmarks.quality.dit_samplers --ours-only   # ours alone, no library
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
 
 from benchmarks.lab import dit
+from benchmarks.lab import libraries as L
 from benchmarks.lab import samplers as S
-from benchmarks.lab.results import command, run_command
+from benchmarks.lab.results import Progress, command, load_run_data, run_command
 from benchmarks.lab.subjects import SUBJECTS, Subject, add_model_option, of_run, section_of
-from benchmarks.lab.trained.metrics import psnr_ssim
+from benchmarks.lab.trained.metrics import bootstrap, psnr_ssim
 from tome_core.settings import DEFAULTS, ToMeSettings
 
 COMMAND = "dit-samplers"
 STEPS = 20
-INTERVALS = (2, 3, 4, 5)
+INTERVALS = (2, 3, 4, 5, 7, 8)
 GAINS = (0.0, DEFAULTS.cache_correction)
+SWEEP_SEEDS = 8
+SLACK = 1.0
+"""dB: a library's setting is swept again under each sampler where no other setting of that library was, under Euler,
+at least as fast and this much closer."""
+SWEPT_FROM = 1.5
+"""A library's settings slower than this under Euler are not swept again (the targets are 2× and more)."""
+FINAL_FROM = 1.8
+"""Frontier points of a sampler's sweep slower than this are not run on all seeds."""
+TARGETS = (2.0, 3.0, 4.0)
+CALIBRATION_SEEDS = range(1000, 1008)
 
 
-def run(seeds: int, steps: int, model, log, subject: Subject = SUBJECTS["flux"], names=S.NAMES) -> dict:
-    """Per sampler of ``names``, per N of :data:`INTERVALS` and gain of :data:`GAINS`: per-seed PSNR against plain
-    under that sampler, the pass's steps and its priced speed."""
-    noise, labels = subject.noise(range(seeds)), subject.labels(range(seeds))
-    functions, _ = S.functions()
-    out: dict[str, dict] = {}
-    for name in names:
-        plain, _ = S.sample(model, noise, labels, steps, name, functions[name])
-        for n in INTERVALS:
-            for gain in GAINS:
+def candidates(subject: Subject, calls: int) -> list[L.Setting]:
+    """Each library's settings near its frontier of ``dit_libraries``' recorded Euler sweep (see :data:`SLACK`,
+    :data:`SWEPT_FROM`), built for a pass of ``calls`` steps (a step mask of that length; the same place in
+    :func:`benchmarks.lab.libraries.settings`)."""
+    sweep = load_run_data(subject.run_name("dit-libraries"))[0]["sweep"]
+    near = set()
+    for library in L.LIBRARIES:
+        points = [p for p in sweep if p["library"] == library]
+        near |= {
+            p["name"]
+            for p in points
+            if p["speed"] >= SWEPT_FROM
+            and not any(o["speed"] >= p["speed"] and o["psnr"] >= p["psnr"] + SLACK for o in points)
+        }
+    euler, here = L.settings(STEPS, subject.transformer), L.settings(calls, subject.transformer)
+    if [(s.library, s.method) for s in euler] != [(s.library, s.method) for s in here]:
+        raise ValueError(f"the libraries' settings for {calls} steps are not those for {STEPS}")
+    return [h for e, h in zip(euler, here) if e.name in near]
+
+
+def _cell(values: list[float]) -> str:
+    return f"{sum(values) / len(values):.1f} ({min(values):.1f})"
+
+
+def ours(model, noise, labels, steps: int, name: str, function: Callable, plain, subject: Subject, progress, log):
+    """Our cache at each N of :data:`INTERVALS` and gain of :data:`GAINS` under the sampler ``name``."""
+    out = {}
+    for n in INTERVALS:
+        for gain in GAINS:
+            key = f"{name}/N{n}/{gain:g}"
+            row = progress.get(key)
+            if row is None:
                 settings = ToMeSettings(ratio=0.0, cache=True, cache_interval=n, cache_correction=gain)
-                samples, counts = S.sample(model, noise, labels, steps, name, functions[name], settings)
+                samples, counts = S.sample(model, noise, labels, steps, name, function, settings)
                 psnr, _ = psnr_ssim(samples, plain)
                 row = {"sampler": name, "interval": n, "gain": gain, "counts": counts, "psnr_per_seed": psnr.tolist()}
-                row["speed"] = subject.priced(counts)
-                out[f"{name}/N{n}/{gain:g}"] = row
-                log(
-                    f"{name} N={n} gain {gain:g}: {counts}, {float(psnr.mean()):.2f} dB (worst {float(psnr.min()):.1f})"
-                )
+                row = progress.put(key, {**row, "speed": subject.priced(counts)})
+            out[key] = row
+            log(f"{key}: {row['counts']}, {_cell(row['psnr_per_seed'])} dB")
     return out
+
+
+def libraries(
+    models, noise, labels, steps: int, name: str, function: Callable, plain, subject, settings, progress, log
+):
+    """The libraries' ``settings`` under the sampler ``name``: the sweep on :data:`SWEEP_SEEDS` seeds, each library's
+    frontier of it (from :data:`FINAL_FROM`×) on all seeds; MagCache calibrated under this sampler."""
+    calls, costs = S.calls(name, steps), subject.costs()
+
+    def sampler(model, x, y, uncond_first: bool):
+        return S.sample(model, x, y, steps, name, function, uncond_first=uncond_first)[0]
+
+    ratios = progress.get(f"{name}/ratios")
+    if ratios is None:
+        cal_noise, cal_labels = subject.noise(CALIBRATION_SEEDS), subject.labels(CALIBRATION_SEEDS)
+        diffusers_model = models["diffusers"]
+        ratios = progress.put(
+            f"{name}/ratios",
+            L.magcache_ratios(
+                diffusers_model.transformer,
+                lambda i: sampler(diffusers_model, cal_noise[i : i + 1], cal_labels[i : i + 1], False),
+                len(CALIBRATION_SEEDS),
+                calls,
+            ),
+        )
+    sweep = []
+    for setting in settings:
+        row = progress.get(f"{name}/sweep/{setting.name}")
+        if row is None:
+            seeds = slice(0, SWEEP_SEEDS)
+            row = L.run_setting(
+                models, setting, noise[seeds], labels[seeds], plain[seeds], calls, ratios, costs, sampler
+            )
+            row.pop("psnr_per_seed")
+            row = progress.put(f"{name}/sweep/{setting.name}", {"library": setting.library, **row})
+        sweep.append(row)
+    by_name = {s.name: s for s in settings}
+    final = {}
+    for library in L.LIBRARIES:
+        for point in L.frontier([p for p in sweep if p["library"] == library]):
+            if point["speed"] < FINAL_FROM:
+                continue
+            setting = by_name[point["name"]]
+            key = f"{name}/final/{setting.name}"
+            final[setting.name] = progress.get(key) or progress.put(
+                key,
+                {
+                    "library": library,
+                    **L.run_setting(models, setting, noise, labels, plain, calls, ratios, costs, sampler),
+                },
+            )
+            log(f"{name}: {setting.name}: {final[setting.name]['psnr']:.1f} dB at {final[setting.name]['speed']:.2f}x")
+    return {"ratios": ratios, "sweep": sweep, "final": final}
+
+
+def run(
+    seeds: int,
+    steps: int,
+    load: Callable,
+    log,
+    subject: Subject = SUBJECTS["flux"],
+    names=S.NAMES,
+    settings: Callable[[int], list[L.Setting]] | None = None,
+    progress: Progress | None = None,
+) -> dict:
+    """Per sampler of ``names``: ours (:func:`ours`) and, given ``settings`` (the libraries' settings for a pass of so
+    many calls), the libraries (:func:`libraries`). ``load()`` gives a model: one per library, as cache-dit patches its
+    blocks' forwards for the process's life."""
+    progress = progress or Progress(None, {})
+    models = {"ours": load(), **({"cache-dit": load(), "diffusers": load()} if settings is not None else {})}
+    noise, labels = subject.noise(range(seeds)), subject.labels(range(seeds))
+    functions, _ = S.functions()
+    out: dict = {"ours": {}, "libraries": {}}
+    for name in names:
+        plain, _ = S.sample(models["ours"], noise, labels, steps, name, functions[name])
+        out["ours"].update(
+            ours(models["ours"], noise, labels, steps, name, functions[name], plain, subject, progress, log)
+        )
+        if settings is not None:
+            chosen = settings(S.calls(name, steps))
+            out["libraries"][name] = libraries(
+                models, noise, labels, steps, name, functions[name], plain, subject, chosen, progress, log
+            )
+    return out
+
+
+def _as_final(row: dict) -> dict:
+    values = row["psnr_per_seed"]
+    return {
+        "library": "ours" if row["gain"] else "uncorrected",
+        "name": f"N={row['interval']}",
+        "psnr": sum(values) / len(values),
+        "psnr_per_seed": values,
+        "speed": row["speed"] or 0.0,
+    }
 
 
 def section(data_: dict, meta: dict) -> str:
     subject = of_run(meta)
     _, begin, end = subject.markers(COMMAND)
+    rows_ = data_.get("ours", data_)
     lines = [
         begin,
         f"## The cache under other samplers (`python -m benchmarks.quality.dit_samplers{subject.option}`)",
         "",
         f"{subject.heading}, {meta['seeds']} seeds, {meta['steps']} steps on {subject.schedule}, CFG {dit.CFG:g}, "
-        f"under {meta['source']}; {meta['seconds'] / 60:.0f} min (1 torch thread). PSNR (dB) against plain under the "
-        "same sampler, per-seed mean (worst seed), of our cache (linear forecast, uniform schedule) at N with "
+        f"under {meta['source']} and diffusers' schedulers; {meta['seconds'] / 60:.0f} min "
+        f"({meta.get('threads', 1)} torch threads). PSNR (dB) against plain "
+        "under the same sampler, per-seed mean (worst seed), of our cache (linear forecast, uniform schedule) at N with "
         "`cache_correction` 0 and at its default (0.75), which acts under each of these samplers through its linear "
         "map (`tome_core.caching.samplers`); speed priced at "
         f"{subject.width}. `uni_pc` and `uni_pc_bh2` run one step fewer (ComfyUI drops their next-to-last sigma).",
@@ -74,8 +215,8 @@ def section(data_: dict, meta: dict) -> str:
                 "",
             ]
             if all(
-                r["gain"] == 0 or r["psnr_per_seed"] == data_[key.rsplit("/", 1)[0] + "/0"]["psnr_per_seed"]
-                for key, r in data_.items()
+                r["gain"] == 0 or r["psnr_per_seed"] == rows_[key.rsplit("/", 1)[0] + "/0"]["psnr_per_seed"]
+                for key, r in rows_.items()
             )
             else []
         ),
@@ -83,36 +224,100 @@ def section(data_: dict, meta: dict) -> str:
         "|---|---:|---|---:|---|---|---:|",
     ]
     rows: dict[tuple[str, int], dict[float, dict]] = {}
-    for row in data_.values():
+    for row in rows_.values():
         rows.setdefault((row["sampler"], row["interval"]), {})[row["gain"]] = row
     for (name, n), by_gain in rows.items():
         off, on = by_gain[0.0], by_gain[DEFAULTS.cache_correction]
-
-        def cell(row: dict) -> str:
-            values = row["psnr_per_seed"]
-            return f"{sum(values) / len(values):.1f} ({min(values):.1f})"
-
         gain = (sum(on["psnr_per_seed"]) - sum(off["psnr_per_seed"])) / len(on["psnr_per_seed"])
         counts = on["counts"] or {}
         speed = "" if on["speed"] is None else f"{on['speed']:.2f}×"
         steps = f"{counts.get('full', '?')} + {counts.get('cached', '?')}"
-        lines.append(f"| {name} | {n} | {steps} | {speed} | {cell(off)} | {cell(on)} | {gain:+.1f} |")
+        lines.append(
+            f"| {name} | {n} | {steps} | {speed} | {_cell(off['psnr_per_seed'])} | {_cell(on['psnr_per_seed'])} "
+            f"| {gain:+.1f} |"
+        )
+    found = data_.get("libraries") or {}
+    if found:
+        lines += [
+            "",
+            f"Against the real libraries under the same samplers (cache-dit {meta['versions']['cache-dit']}, diffusers "
+            f"{meta['versions']['diffusers']}, through their own APIs, {subject.unit} by {subject.unit}): each "
+            f"library's settings within {SLACK:g} dB of its frontier in `dit-libraries`' Euler sweep (at "
+            f"{SWEPT_FROM:g}× or faster) swept again under each sampler on {meta['sweep_seeds']} seeds, that sweep's "
+            f"frontier (from {FINAL_FROM:g}×) on all {meta['seeds']}; at each target the best run of each side at "
+            "least that fast, PSNR mean (worst seed) and speed, and ours (the default) minus the best library's, "
+            "paired per seed (bootstrap 95 %).",
+            "",
+            "| sampler | target | ours (default) | uncorrected | best cache-dit | best diffusers | ours − best library |",
+            "|---|---|---|---|---|---|---|",
+        ]
+
+        def cell(run: dict | None) -> str:
+            return "—" if run is None else f"{_cell(run['psnr_per_seed'])} at {run['speed']:.2f}×"
+
+        for name, part in found.items():
+            final = {**part["final"]}
+            for key, row in rows_.items():
+                if row["sampler"] == name:
+                    final[key] = _as_final(row)
+            for target in TARGETS:
+                mine, off = L.best_at(final, "ours", target), L.best_at(final, "uncorrected", target)
+                libs = [L.best_at(final, library, target) for library in L.LIBRARIES]
+                best = L.best_library_at(final, target)
+                diff = "—"
+                if mine is not None and best is not None:
+                    diff = bootstrap(np.array(mine["psnr_per_seed"]) - np.array(best["psnr_per_seed"])).cell(".1f")
+                lines.append(
+                    f"| {name} | ≥ {target:g}× | {cell(mine)} | {cell(off)} | {cell(libs[0])} | {cell(libs[1])} "
+                    f"| {diff} |"
+                )
+        lines += ["", "Each library's runs on all seeds, per sampler (its sweep's frontier):", ""]
+        for name, part in found.items():
+            runs = sorted(part["final"].values(), key=lambda r: (r["library"], r["speed"]))
+            listed = "; ".join(f"`{r['name']}` {r['psnr']:.1f} dB at {r['speed']:.2f}×" for r in runs) or "none"
+            lines.append(f"- {name} ({len(part['sweep'])} swept): {listed}.")
     return "\n".join([*lines, end])
 
 
 def main(argv: list[str] | None = None) -> None:
     def measure(args) -> tuple[dict, dict]:
-        start = time.perf_counter()
+        import cache_dit
+        import diffusers
+
         subject = SUBJECTS[args.model]
-        seeds, steps = (2, 8) if args.quick else (dit.SEEDS, STEPS)
-        model = subject.random() if args.quick else subject.load()
-        results = run(seeds, steps, model, print, subject)
+        seeds, steps = (2, 10) if args.quick else (dit.SEEDS, STEPS)  # (cache-dit's presets need 8 calls)
+
+        def load():
+            return subject.random() if args.quick else subject.load()
+
+        if args.ours_only:
+            settings = None
+        elif args.quick:
+            settings = lambda calls: L.settings(calls, subject.transformer)[::60]  # noqa: E731
+        else:
+            settings = lambda calls: candidates(subject, calls)  # noqa: E731
         _, source = S.functions()
-        meta = {"seeds": seeds, "steps": steps, "source": source, "seconds": round(time.perf_counter() - start, 1)}
+        versions = {"cache-dit": cache_dit.__version__, "diffusers": diffusers.__version__}
+        identity = {"model": subject.name, "seeds": seeds, "steps": steps, "ours_only": args.ours_only}
+        progress = Progress(args.progress, {**identity, "source": source, "versions": versions})
+        results = run(seeds, steps, load, print, subject, settings=settings, progress=progress)
+        meta = {
+            "seeds": seeds,
+            "steps": steps,
+            "sweep_seeds": SWEEP_SEEDS,
+            "source": source,
+            "versions": versions,
+            "seconds": round(progress.seconds(), 1),
+            "threads": args.threads,
+        }
+        if args.progress is not None:
+            args.progress.unlink(missing_ok=True)
         return results, subject.stamped(meta)
 
     parser = command(__doc__, quick="", threads=1)
     add_model_option(parser)
+    parser.add_argument("--progress", type=Path, help="keep each finished run here and continue from it if it exists")
+    parser.add_argument("--ours-only", action="store_true", help="ours alone, no library")
     run_command(parser, section_of(COMMAND, section), argv, measure)
 
 
