@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from benchmarks.lab.samplers import comfy_functions
+from tome_core.caching import correction as C
 from tome_core.caching import samplers as L
 
 
@@ -119,3 +120,28 @@ def test_the_cores_samplers_are_comfyuis():
             tolerance = 0.0 if name in ("euler", "dpmpp_2m", "res_multistep") else 1e-3
             assert (theirs.seen - ours.seen).abs().max() <= tolerance, (name, len(sigmas))
             assert (theirs.final - ours.final).abs().max() <= tolerance, (name, len(sigmas))
+
+
+@pytest.mark.parametrize("name", ["dpmpp_2m", "uni_pc"])
+def test_after_more_than_two_cached_steps_the_full_steps_output_alone_carries(name):
+    """A full step after two cached steps carries their errors through the sampler's history (the next output carries
+    a share too); after three, its own output alone carries them, with the same weights the full map gives it."""
+    sigmas = flow_sigmas(12)
+    sampler = L.linearize(name, L.BUILT_IN[name], sigmas)
+    head = lambda args, kwargs, image: image  # noqa: E731  (the output layer: its stream as it is)
+    zero, residual = torch.zeros(4, dtype=torch.float64), torch.arange(4, dtype=torch.float64)
+    for cached in (2, 3):
+        correction = C.Correction(1.0)
+        correction.full(sigmas[0], zero)
+        assert correction.correct(zero, 0, sampler, head) is None  # nothing cached yet
+        for step in range(1, cached + 1):
+            correction.cached(step, (), {}, zero, torch.float64)
+            assert correction.output(zero) is None
+        full = cached + 1
+        correction.full(sigmas[full], residual)
+        carried = correction.correct(zero, full, sampler, head)
+        weights = sampler.carry(full, list(range(1, cached + 1)))
+        errors = [C.interpolate([(sigmas[0], zero), (sigmas[full], residual)], sigmas[m]) for m in range(1, full)]
+        assert torch.allclose(carried, sum(w * e for w, e in zip(weights[full], errors)))
+        later = correction.carry(zero, full + 1)
+        assert (later is not None) == (cached <= C.HISTORY_UP_TO) and full + 1 in weights
