@@ -394,6 +394,27 @@ def test_wan_22s_two_experts_each_run_their_own_part_as_a_pass_of_their_own():
     _clean(pipe, pipe.transformer, pipe.transformer_2)
 
 
+
+@pytest.mark.parametrize("experts", [1, 2])
+def test_on_wan_under_unipc_the_correction_acts_through_the_output_layers_modulation(experts, console):
+    """diffusers' Wan example runs UniPC: the default correction acts on its transformer (each of Wan 2.2's experts),
+    whose output layer's scale runs after ``norm_out``; deterministic, and nothing left after."""
+    pipe = wan_pipeline(experts, UniPCMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction"))
+    models = [pipe.transformer] if experts == 1 else [pipe.transformer, pipe.transformer_2]
+    plain = wan_call(pipe, steps=16)
+    tome_core.apply_patch(pipe, ratio=0, cache=True, cache_correction=0)
+    try:
+        uncorrected = wan_call(pipe, steps=16)
+        assert all(stats["cached"] > 0 for stats in tome_core.cache_stats(pipe))
+        tome_core.apply_patch(pipe, ratio=0, cache=True)
+        corrected = wan_call(pipe, steps=16)
+        assert not torch.equal(corrected, uncorrected) and torch.equal(wan_call(pipe, steps=16), corrected)
+        assert "ToMe note: cache correction under UniPCMultistepScheduler" in console()
+    finally:
+        tome_core.remove_patch(pipe)
+    _clean(pipe, *models)
+    assert torch.equal(wan_call(pipe, steps=16), plain)
+
 SCHEDULERS = {
     "euler": lambda: EulerDiscreteScheduler(steps_offset=1),
     "ddim": lambda: DDIMScheduler(steps_offset=1),

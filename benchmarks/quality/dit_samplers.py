@@ -168,16 +168,16 @@ def run(
     noise, labels = subject.noise(range(seeds)), subject.labels(range(seeds))
     functions, _ = S.functions()
     out: dict = {"ours": {}, "libraries": {}}
-    for name in names:
-        plain, _ = S.sample(models["ours"], noise, labels, steps, name, functions[name])
+    plains = {name: S.sample(models["ours"], noise, labels, steps, name, functions[name])[0] for name in names}
+    for name in names:  # ours under every sampler first, then the libraries (a long run's first part)
         out["ours"].update(
-            ours(models["ours"], noise, labels, steps, name, functions[name], plain, subject, progress, log)
+            ours(models["ours"], noise, labels, steps, name, functions[name], plains[name], subject, progress, log)
         )
-        if settings is not None:
-            chosen = settings(S.calls(name, steps))
-            out["libraries"][name] = libraries(
-                models, noise, labels, steps, name, functions[name], plain, subject, chosen, progress, log
-            )
+    for name in names if settings is not None else ():
+        chosen = settings(S.calls(name, steps))
+        out["libraries"][name] = libraries(
+            models, noise, labels, steps, name, functions[name], plains[name], subject, chosen, progress, log
+        )
     return out
 
 
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
             settings = lambda calls: candidates(subject, calls)  # noqa: E731
         _, source = S.functions()
         versions = {"cache-dit": cache_dit.__version__, "diffusers": diffusers.__version__}
-        identity = {"model": subject.name, "seeds": seeds, "steps": steps, "ours_only": args.ours_only}
+        identity = {"model": subject.name, "seeds": seeds, "steps": steps}  # an ours-only run's rows serve a full one
         progress = Progress(args.progress, {**identity, "source": source, "versions": versions})
         results = run(seeds, steps, load, print, subject, settings=settings, progress=progress)
         meta = {

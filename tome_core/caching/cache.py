@@ -97,8 +97,8 @@ class CacheCall:
 
 
 CORRECTION_FAMILY_NOTE = (
-    "cache correction off: it acts on diffusion transformers whose output layer runs as one module (not UNets, not "
-    "diffusers' Wan)"
+    "cache correction off: it acts on diffusion transformers whose output layer runs as one module or only scaled "
+    "after it (not UNets)"
 )
 
 
@@ -178,6 +178,8 @@ class StepCache:
                 self._handles.append(
                     self.layout.entry.register_forward_hook(python_only_hook(self._entry_post), with_kwargs=True)
                 )
+                for module, hook in self.layout.watched():
+                    self._handles.append(module.register_forward_hook(python_only_hook(hook)))
         except BaseException:
             self.remove()
             raise
@@ -406,7 +408,7 @@ class StepCache:
             self._warn_once("fit", f"ToMe: cached features {tuple(deep.shape)} do not fit the entry's input")
         elif correction is not None and step is not None and left is not None:
             image = layout.entry_image(*out)
-            correction.cached(step, *layout.with_entry_image(*out, None), left, image.dtype)
+            correction.cached(step, *layout.with_entry_image(*out, None), left, image.dtype, layout.modulation())
         return out
 
     def _correction(self) -> Correction | None:
@@ -421,13 +423,13 @@ class StepCache:
         if correction is None or not isinstance(out, torch.Tensor):
             return None
         if self.now.cached:
-            return correction.output(out) if self.now.skipping else None
+            return correction.output(out, self.layout.modulation()) if self.now.skipping else None
         step = self._sampler_step(self.now.call)
         if step is None:
             return None
         if self._sampler.name != "euler":
             self._note(f"cache correction under {self._sampler.name}")
-        return correction.correct(out, step, self._sampler, self.layout.head)
+        return correction.correct(out, step, self._sampler, self.layout.head, self.layout.modulation())
 
     # --- reporting -------------------------------------------------------------------------------------
     def report(self) -> CacheReport:

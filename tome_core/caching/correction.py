@@ -74,6 +74,7 @@ class _Cached:
     kwargs: dict
     left: torch.Tensor
     dtype: torch.dtype
+    factor: torch.Tensor | None = None  # the model's scale of the entry's output at this step (a modulation)
     out: torch.Tensor | None = None
 
 
@@ -93,23 +94,36 @@ class Correction:
         """A full step at ``sigma`` read the skipped blocks' ``residual`` (the tensor the forecast keeps)."""
         self._fulls = [*self._fulls, (sigma, kept_on(residual, self.store))][-3:]
 
-    def cached(self, step: int, args: tuple, kwargs: dict, left: torch.Tensor, dtype: torch.dtype) -> None:
+    def cached(
+        self,
+        step: int,
+        args: tuple,
+        kwargs: dict,
+        left: torch.Tensor,
+        dtype: torch.dtype,
+        factor: torch.Tensor | None = None,
+    ) -> None:
         """Cached step ``step`` calls the output layer with ``args``/``kwargs`` (the image stream left out: ``left``,
-        what left the probe, plus the forecast, in ``dtype``)."""
-        self._cached.append(_Cached(step, args, kwargs, kept_on(left, self.store), dtype))
+        what left the probe, plus the forecast, in ``dtype``); ``factor``: how the model scales the layer's output at
+        this step (:meth:`~tome_core.families.base.Layout.modulation`), or None."""
+        self._cached.append(_Cached(step, args, kwargs, kept_on(left, self.store), dtype, factor))
 
-    def output(self, out: torch.Tensor) -> torch.Tensor | None:
+    def output(self, out: torch.Tensor, factor: torch.Tensor | None = None) -> torch.Tensor | None:
         """What the output layer gave at the cached step just recorded; what it gives instead (what earlier full
         steps left it to carry), or None."""
         if self._cached and self._cached[-1].out is None:
             self._cached[-1].out = out
-            return self.carry(out, self._cached[-1].step)
+            return self.carry(out, self._cached[-1].step, factor)
         return None
 
-    def correct(self, out: torch.Tensor, step: int, sampler: LinearSampler, head: Head) -> torch.Tensor | None:
+    def correct(
+        self, out: torch.Tensor, step: int, sampler: LinearSampler, head: Head, factor: torch.Tensor | None = None
+    ) -> torch.Tensor | None:
         """The output of full step ``step`` (the output layer's ``out``) carrying the cached steps since the last full
         one under ``sampler`` (:meth:`LinearSampler.carry`: the later outputs' shares are kept for them); None where
-        there is nothing to carry (the output stays)."""
+        there is nothing to carry (the output stays). Where the model scales the layer's output by a modulation of
+        its own (``factor`` here, each cached step's kept with it), the errors are taken at their steps' scale and
+        carried at this one's: the model's output moves as the errors say."""
         cached, self._cached = self._cached, []
         if cached and len(self._fulls) >= 2:
             fulls = [(s, moved_to(r, out.device)) for s, r in self._fulls]
@@ -121,16 +135,18 @@ class Correction:
                 left = moved_to(c.left, out.device)
                 image = (left + interpolate(fulls, sigmas[c.step]).to(left.dtype)).to(c.dtype)
                 steps.append(c.step)
-                errors.append(head(c.args, c.kwargs, image) - c.out)
+                error = head(c.args, c.kwargs, image) - c.out
+                errors.append(error if c.factor is None else error * c.factor)
             if errors:
                 rows = sampler.carry(step, steps)
                 if len(steps) > HISTORY_UP_TO:
                     rows = {k: row for k, row in rows.items() if k == step}
                 self._carried.append((rows, errors))
-        return self.carry(out, step)
+        return self.carry(out, step, factor)
 
-    def carry(self, out: torch.Tensor, step: int) -> torch.Tensor | None:
-        """``out`` of step ``step`` plus ``gain`` of what it carries; None where it carries nothing."""
+    def carry(self, out: torch.Tensor, step: int, factor: torch.Tensor | None = None) -> torch.Tensor | None:
+        """``out`` of step ``step`` plus ``gain`` of what it carries (over ``factor``, the model's scale of it at this
+        step, where it has one); None where it carries nothing."""
         self._carried = [(rows, errors) for rows, errors in self._carried if max(rows, default=-1) >= step]
         total = None
         for rows, errors in self._carried:
@@ -141,7 +157,9 @@ class Correction:
                 total = torch.zeros_like(out)
             for weight, error in zip(row, errors):
                 total += weight * error
-        return None if total is None else out + self.gain * total
+        if total is None:
+            return None
+        return out + self.gain * (total if factor is None else total / factor)
 
 
 def output_is_direction(prediction: Any) -> bool:

@@ -19,6 +19,7 @@ A layout describes the model and holds no run state: what one pass through the b
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -93,7 +94,9 @@ class Layout:
     """What ``auto`` means on this family: the forecast and the schedule measured best on it (the UNets')."""
     corrects: ClassVar[bool] = False
     """Whether the cache's deferred correction (:mod:`tome_core.caching.correction`) acts on this family: a
-    transformer whose entry is its whole output layer, time modulation included, which :meth:`head` runs again."""
+    transformer whose entry is its whole output layer, time modulation included, which :meth:`head` runs again; or
+    whose entry's output the model only scales by a time modulation of its own before a fixed linear map
+    (:meth:`modulation`)."""
 
     @classmethod
     def find(cls, root: nn.Module, branch: int) -> Layout | None:
@@ -149,3 +152,14 @@ class Layout:
         """The entry's output on a call's arguments with ``x`` as its image stream, run again without any hook (where
         :attr:`corrects`)."""
         raise NotImplementedError
+
+    def watched(self) -> list[tuple[nn.Module, Callable[..., None]]]:
+        """Forward hooks the family needs to read its :meth:`modulation` (a module and its hook), installed with the
+        correction; none by default."""
+        return []
+
+    def modulation(self) -> torch.Tensor | None:
+        """The factor by which the model scales the entry's output in the call running now before a linear map that is
+        the same at every step (its output layer's time modulation, where it runs after the entry); None where the
+        entry's output is the model's output up to such a map."""
+        return None

@@ -5,7 +5,8 @@
   ``head(x, e)``; the timestep is the flow-matching sigma times 1000 already. VACE adds its residuals in place after
   blocks of the chain. diffusers' ``WanTransformer3DModel`` (the lab's Wan-layout model) is the same chain under
   other names: ``blocks``, each ``block(hidden_states, encoder_hidden_states, temb, rotary_emb)``, then
-  ``norm_out(hidden_states.float())``, the modulation and ``proj_out``; its timestep too is the sigma times 1000.
+  ``norm_out(hidden_states.float())``, the modulation and ``proj_out``; its timestep too is the sigma times 1000. The
+  correction acts on it through the modulation's scale (read from ``condition_embedder``'s time embedding).
 * Lumina 2 and Z-Image (``comfy/ldm/lumina/model.py`` ``NextDiT``; Neo ``backend/nn/lumina.py``): ``layers``, each ``layer(x, mask, freqs_cis,
   adaln_input, ...)`` returning the joint stream (caption tokens, then image tokens), then ``final_layer(x, c)``; the
   timestep is the sigma (0–1).
@@ -107,7 +108,26 @@ class DiffusersWan(ChainLayout):
     names = ("blocks", "norm_out", "condition_embedder")
     stream_arg = "hidden_states"
     entry_arg = "input"  # ``FP32LayerNorm.forward(input)``
-    corrects = False  # its output layer's time modulation runs in the model's forward, after ``norm_out``
+
+    def __init__(self, root: nn.Module, lists: list[list[nn.Module]], branch: int):
+        super().__init__(root, lists, branch)
+        self._temb: torch.Tensor | None = None
+
+    def watched(self) -> list[tuple[nn.Module, Any]]:
+        return [(self.root.condition_embedder, self._read_temb)]
+
+    def _read_temb(self, module: nn.Module, args: tuple, out: Any) -> None:
+        self._temb = out[0] if isinstance(out, tuple) else None
+
+    def modulation(self) -> torch.Tensor | None:
+        """``1 + scale`` of the model's forward, ``(norm_out(h) · (1 + scale) + shift)`` before ``proj_out``, from
+        this call's time embedding (per token where Wan 2.2's expanded timesteps make it so)."""
+        temb, table = self._temb, getattr(self.root, "scale_shift_table", None)
+        if not isinstance(temb, torch.Tensor) or not isinstance(table, torch.Tensor):
+            return None
+        if temb.ndim == 3:
+            return 1 + (table.unsqueeze(0).to(temb.device) + temb.unsqueeze(2)).chunk(2, dim=2)[1].squeeze(2)
+        return 1 + (table.to(temb.device) + temb.unsqueeze(1)).chunk(2, dim=1)[1]
 
 
 class ComfyLumina(ChainLayout):
