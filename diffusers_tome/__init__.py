@@ -18,8 +18,18 @@ from typing import Any
 from tome_core.settings import ToMeSettings
 
 from .pipeline import ATTR, PipelinePatch, control_models, denoisers
+from .schedule import part_of
 
-__all__ = ["PipelinePatch", "apply", "control_models", "denoisers", "get", "remove"]
+__all__ = ["PipelinePatch", "apply", "control_models", "denoisers", "get", "remove", "set_scheduler"]
+
+
+def set_scheduler(patch: Any, scheduler: Any) -> None:
+    """Tell a patched transformer's session (``tome_core.apply_patch(transformer, …)``) the sampler of a denoising
+    loop of one's own over ``scheduler`` (its timesteps set): the loop's sigmas and, where the scheduler is a linear one
+    (:data:`.schedule.LINEAR`), its own stepping as the sampler the correction reads; each call is then placed on
+    those sigmas by its timestep (no ``set_progress``). A pipeline's loop needs none of this: the pipeline patch does
+    it."""
+    patch.set_sampler(*part_of(scheduler).sampler)
 
 
 def get(pipe: Any) -> PipelinePatch | None:

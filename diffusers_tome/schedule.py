@@ -102,6 +102,12 @@ def _sampler(scheduler: Any, begin: int, start: int, steps: int) -> Part:
     return Part(start, steps, part, name=name, sample=sample)
 
 
+def part_of(scheduler: Any) -> Part:
+    """The whole loop of ``scheduler`` (its timesteps set, from its begin index) as one part, with its sampler."""
+    begin = _begin(scheduler)
+    return _sampler(scheduler, begin, 0, len(getattr(scheduler, "timesteps", ())) - begin)
+
+
 def _split(pipe: Any, names: Sequence[str], scheduler: Any, begin: int, total: int) -> list[tuple[int, int]] | None:
     """Each denoiser's ``(start, steps)`` where the pipeline hands the loop's steps to two experts by timestep (Wan
     2.2's ``boundary_ratio``); None where one denoiser runs them all."""

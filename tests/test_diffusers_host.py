@@ -394,7 +394,6 @@ def test_wan_22s_two_experts_each_run_their_own_part_as_a_pass_of_their_own():
     _clean(pipe, pipe.transformer, pipe.transformer_2)
 
 
-
 @pytest.mark.parametrize("experts", [1, 2])
 def test_on_wan_under_unipc_the_correction_acts_through_the_output_layers_modulation(experts, console):
     """diffusers' Wan example runs UniPC: the default correction acts on its transformer (each of Wan 2.2's experts),
@@ -414,6 +413,7 @@ def test_on_wan_under_unipc_the_correction_acts_through_the_output_layers_modula
         tome_core.remove_patch(pipe)
     _clean(pipe, *models)
     assert torch.equal(wan_call(pipe, steps=16), plain)
+
 
 SCHEDULERS = {
     "euler": lambda: EulerDiscreteScheduler(steps_offset=1),
@@ -521,3 +521,47 @@ def test_under_every_scheduler_diffusers_ships_for_sd_the_loop_drives_the_cache_
         tome_core.remove_patch(sd)
         sd.scheduler = original
     _clean(sd, sd.unet)
+
+
+def test_a_loop_of_ones_own_over_a_diffusers_scheduler_tells_the_transformer_by_one_call(console):
+    """``diffusers_tome.set_scheduler(patch, scheduler)`` on a patched transformer sampled by hand under UniPC: the
+    correction acts through the scheduler's own map (no ``set_progress``), the same as told the name and that map by
+    hand with progress reported; a name whose map is not the loop's gives another image."""
+    from diffusers_tome.schedule import part_of
+
+    pipe = flux_pipeline(UniPCMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction"))
+    transformer = pipe.transformer
+    scheduler = copy.deepcopy(pipe.scheduler)
+    scheduler.set_timesteps(8)
+    hidden = torch.randn(1, 16, 16, generator=torch.Generator().manual_seed(3))
+    text = torch.randn(1, 5, 32, generator=torch.Generator().manual_seed(4))
+    pooled, ids = torch.randn(1, 32, generator=torch.Generator().manual_seed(5)), torch.zeros(5, 3)
+    image_ids = torch.zeros(16, 3)
+
+    def loop(tell) -> torch.Tensor:
+        run, x = copy.deepcopy(scheduler), hidden.clone()
+        patch = tome_core.apply_patch(transformer, ratio=0, cache=True)
+        tell(patch)
+        try:
+            with torch.no_grad():
+                for i, t in enumerate(run.timesteps):
+                    if tell is by_hand:
+                        patch.set_progress(i / 8, 8)
+                    out = transformer(x, text, pooled, t.reshape(1) / 1000, image_ids, ids, return_dict=False)[0]
+                    x = run.step(out, t, x, return_dict=False)[0]
+            notes = patch.report().cache.notes
+        finally:
+            tome_core.remove_patch(transformer)
+        assert any(note.startswith("cache correction under") for note in notes), notes
+        return x
+
+    def by_hand(patch):
+        part = part_of(scheduler)
+        patch.set_sampler(part.name, part.sigmas, part.sample)
+
+    def named(patch):
+        patch.set_sampler("uni_pc", [float(s) for s in scheduler.sigmas])
+
+    ours = loop(lambda patch: diffusers_tome.set_scheduler(patch, scheduler))
+    assert torch.equal(ours, loop(by_hand))
+    assert not torch.equal(ours, loop(named))
