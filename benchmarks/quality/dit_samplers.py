@@ -310,8 +310,8 @@ def main(argv: list[str] | None = None) -> None:
             "seconds": round(progress.seconds(), 1),
             "threads": args.threads,
         }
-        if args.progress is not None:
-            args.progress.unlink(missing_ok=True)
+        if args.progress is not None and not args.ours_only:
+            args.progress.unlink(missing_ok=True)  # the run is whole (an ours-only run's rows serve the whole one)
         return results, subject.stamped(meta)
 
     parser = command(__doc__, quick="", threads=1)
