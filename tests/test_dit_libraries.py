@@ -106,7 +106,7 @@ def test_the_frontier_keeps_what_nothing_beats():
         {"speed": 2.0, "psnr": 40.0},
         {"speed": 3.0, "psnr": 30.0},
     ]
-    assert dit_libraries.frontier(points) == [points[0], points[1], points[4]]
+    assert L.frontier(points) == [points[0], points[1], points[4]]
 
 
 def test_a_quick_run_sweeps_runs_each_frontier_and_ours_and_renders(costs):
@@ -145,7 +145,7 @@ def test_a_stopped_run_continues_from_its_progress_file_and_refuses_another_runs
     def never(*args, **kwargs):
         raise AssertionError("a kept run was run again")
 
-    monkeypatch.setattr(dit_libraries, "run_setting", never)
+    monkeypatch.setattr(L, "run_setting", never)
     again = dit_libraries.run(SUBJECTS["flux"], 2, 2, 4, _model, settings, costs, lambda _: None, kept)
     assert again == first  # the libraries' runs from the file, ours measured anew to the same bits
     with pytest.raises(ValueError, match=r"progress\.json: written for"):
