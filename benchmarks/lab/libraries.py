@@ -22,6 +22,7 @@ import contextlib
 import io
 import logging
 import re
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -453,6 +454,57 @@ def run_setting(
         "psnr": float(psnr.mean()),
         "speed": float(np.mean(speeds)),
     }
+
+
+def sweep_and_frontiers(
+    models: dict,
+    settings: list[Setting],
+    noise,
+    labels,
+    plain,
+    steps: int,
+    ratios,
+    costs: BlockCosts,
+    progress,
+    log,
+    sweep_seeds: int,
+    sampler: Sampler | None = None,
+    prefix: str = "",
+    final_from: float = 0.0,
+) -> tuple[list[dict], dict[str, dict]]:
+    """The sweep (``settings`` on the first ``sweep_seeds`` seeds, per-seed PSNR dropped) and each library's frontier
+    of it, from ``final_from``× on, on all seeds (:func:`run_setting`, ``sampler``'s passes of ``steps`` calls). Each
+    run is taken from ``progress`` (a :class:`benchmarks.lab.results.Progress`) where it is there (``prefix`` +
+    ``sweep/`` or ``final/`` + its name), else run and put there."""
+    start = time.perf_counter()
+    sweep = []
+    for k, setting in enumerate(settings):
+        key = f"{prefix}sweep/{setting.name}"
+        row = progress.get(key)
+        if row is None:
+            seeds = slice(0, sweep_seeds)
+            row = run_setting(models, setting, noise[seeds], labels[seeds], plain[seeds], steps, ratios, costs, sampler)
+            row.pop("psnr_per_seed")
+            row = progress.put(key, {"library": setting.library, **row})
+        sweep.append(row)
+        if k % 25 == 24:
+            log(f"{prefix}sweep {k + 1}/{len(settings)}: {time.perf_counter() - start:.0f} s")
+    by_name = {s.name: s for s in settings}
+    final = {}
+    for library in LIBRARIES:
+        for point in frontier([p for p in sweep if p["library"] == library]):
+            if point["speed"] < final_from:
+                continue
+            setting, key = by_name[point["name"]], f"{prefix}final/{point['name']}"
+            final[setting.name] = progress.get(key) or progress.put(
+                key,
+                {
+                    "library": library,
+                    **run_setting(models, setting, noise, labels, plain, steps, ratios, costs, sampler),
+                },
+            )
+            log(f"{prefix}{setting.name}: {final[setting.name]['psnr']:.1f} dB at {final[setting.name]['speed']:.2f}x")
+    return sweep, final
 
 
 def frontier(points: list[dict]) -> list[dict]:

@@ -68,29 +68,9 @@ def run(
         len(CALIBRATION_SEEDS),
         steps,
     )
-    by_name = {s.name: s for s in settings}
-    start = time.perf_counter()
-    sweep = []
-    for k, setting in enumerate(settings):
-        row = progress.get(f"sweep/{setting.name}")
-        if row is None:
-            row = L.run_setting(
-                models, setting, noise[:sweep_seeds], labels[:sweep_seeds], plain[:sweep_seeds], steps, ratios, costs
-            )
-            row.pop("psnr_per_seed")
-            row = progress.put(f"sweep/{setting.name}", {"library": setting.library, **row})
-        sweep.append(row)
-        if k % 25 == 24:
-            log(f"sweep {k + 1}/{len(settings)}: {time.perf_counter() - start:.0f} s")
-    final = {}
-    for library in L.LIBRARIES:
-        for point in L.frontier([p for p in sweep if p["library"] == library]):
-            setting = by_name[point["name"]]
-            final[setting.name] = progress.get(f"final/{setting.name}") or progress.put(
-                f"final/{setting.name}",
-                {"library": library, **L.run_setting(models, setting, noise, labels, plain, steps, ratios, costs)},
-            )
-            log(f"{setting.name}: {final[setting.name]['psnr']:.1f} dB at {final[setting.name]['speed']:.2f}x")
+    sweep, final = L.sweep_and_frontiers(
+        models, settings, noise, labels, plain, steps, ratios, costs, progress, log, sweep_seeds
+    )
     final.update(ours(models["ours"], noise, labels, plain, steps, costs, log))
     return {"magcache_ratios": ratios, "sweep": sweep, "final": final}
 

@@ -120,33 +120,22 @@ def libraries(
                 calls,
             ),
         )
-    sweep = []
-    for setting in settings:
-        row = progress.get(f"{name}/sweep/{setting.name}")
-        if row is None:
-            seeds = slice(0, SWEEP_SEEDS)
-            row = L.run_setting(
-                models, setting, noise[seeds], labels[seeds], plain[seeds], calls, ratios, costs, sampler
-            )
-            row.pop("psnr_per_seed")
-            row = progress.put(f"{name}/sweep/{setting.name}", {"library": setting.library, **row})
-        sweep.append(row)
-    by_name = {s.name: s for s in settings}
-    final = {}
-    for library in L.LIBRARIES:
-        for point in L.frontier([p for p in sweep if p["library"] == library]):
-            if point["speed"] < FINAL_FROM:
-                continue
-            setting = by_name[point["name"]]
-            key = f"{name}/final/{setting.name}"
-            final[setting.name] = progress.get(key) or progress.put(
-                key,
-                {
-                    "library": library,
-                    **L.run_setting(models, setting, noise, labels, plain, calls, ratios, costs, sampler),
-                },
-            )
-            log(f"{name}: {setting.name}: {final[setting.name]['psnr']:.1f} dB at {final[setting.name]['speed']:.2f}x")
+    sweep, final = L.sweep_and_frontiers(
+        models,
+        settings,
+        noise,
+        labels,
+        plain,
+        calls,
+        ratios,
+        costs,
+        progress,
+        log,
+        SWEEP_SEEDS,
+        sampler,
+        prefix=f"{name}/",
+        final_from=FINAL_FROM,
+    )
     return {"ratios": ratios, "sweep": sweep, "final": final}
 
 
