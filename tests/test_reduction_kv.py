@@ -58,7 +58,7 @@ def test_merged_keys_count_as_many_as_they_stand_for() -> None:
         assert torch.allclose(out[0, head], reference, atol=1e-12)
 
 
-def test_the_most_similar_sources_merge_first() -> None:
+def test_the_nearest_sources_merge_first() -> None:
     """With half the sources merged, those that have an equal key next to them are the ones merged."""
     _, k, v = _qkv(1, 1, 4 * 3 * 3, 4, seed=3)
     grid = (4, 3, 3)
