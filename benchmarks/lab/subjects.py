@@ -39,6 +39,8 @@ class Subject:
     costs_command: str
     costs_run: str
     costs_type: type[BlockCosts]
+    side: int = 0
+    """A sample's side in pixels where it is not the module's trained one (``SIZE``)."""
 
     @property
     def unit(self) -> str:
@@ -73,7 +75,7 @@ class Subject:
         return run, f"<!-- {run}:begin -->", f"<!-- {run}:end -->"
 
     def noise(self, seeds: range) -> torch.Tensor:
-        return noise_for(seeds, self.module.SIZE, self.module.CHANNELS, self.frames)
+        return noise_for(seeds, self.side or self.module.SIZE, self.module.CHANNELS, self.frames)
 
     def labels(self, seeds: range) -> torch.Tensor:
         return labels_for(seeds, len(data.CLASSES))
@@ -120,6 +122,20 @@ SUBJECTS = {
         "benchmarks.speed.wan_costs",
         "wan-costs-cpu",
         ChainCosts,
+    ),
+    wan.LONG_NAME: Subject(
+        wan.LONG_NAME,
+        "the trained long-clip Wan-layout video model",
+        wan,
+        wan.LONG_FRAMES,
+        loading.load_wan_long,
+        "WanTransformer3DModel",
+        f"Wan 2.1's schedule (shift {wan.SHIFT:g})",
+        "Wan 2.1 1.3B's real width (480p, 81 frames)",
+        "benchmarks.speed.wan_costs",
+        "wan-costs-cpu",
+        ChainCosts,
+        wan.LONG_SIZE,
     ),
 }
 

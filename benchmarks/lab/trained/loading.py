@@ -58,6 +58,11 @@ def load_wan(path: str | None = None) -> wan.WanLayout:
     return _load(wan.build(len(data.CLASSES)), load_file(str(path or A.weights_path(wan.NAME))))
 
 
+def load_wan_long(path: str | None = None) -> wan.WanLayout:
+    """The shipped long-clip Wan-layout model (:data:`.wan.LONG_NAME`: the same architecture, 4,096 tokens a clip)."""
+    return load_wan(str(path or A.weights_path(wan.LONG_NAME)))
+
+
 @functools.cache
 def load_classifier() -> Classifier:
     """The shipped judge of class accuracy (and feature space of the KID-style distance)."""

@@ -6,6 +6,7 @@
     python -m benchmarks.lab.trained.train --model sd15 --steps 3 --out /tmp/x   # a smoke run (CI)
     python -m benchmarks.lab.trained.train --model flux --state flux.state        # resumable (see --state)
     python -m benchmarks.lab.trained.train --model wan --state wan.state          # the video model, resumable
+    python -m benchmarks.lab.trained.train --model wan-long --state long.state    # fine-tuned from it to 4,096 tokens
 
 UNets: ε-prediction on SD's 1000-step scaled-linear DDPM schedule (timesteps uniform, MSE on ε), label dropout
 10 % (the empty prompt, so classifier-free guidance works), AdamW with a warm-up and cosine decay, gradient
@@ -38,7 +39,7 @@ from . import architectures as M
 from . import data, flux, wan
 from .classifier import Classifier
 
-DEFAULT_STEPS = {"sd15": 2300, "sdxl": 2800, "flux": 16000, "wan": 30000, "classifier": 1500}
+DEFAULT_STEPS = {"sd15": 2300, "sdxl": 2800, "flux": 16000, "wan": 30000, "wan-long": 1000, "classifier": 1500}
 BIG_EVERY = 8  # every 8th step: side x2, batch / 4 (the same number of pixels)
 LABEL_DROPOUT = 0.1
 WARMUP, EMA = 100, 0.999
@@ -51,11 +52,18 @@ class Recipe:
 
     lr: float = 5e-4
     batch: int = 16
+    ema: float = EMA
 
 
-RECIPES = {"flux": Recipe(lr=2e-3, batch=32), "wan": Recipe(lr=2e-3, batch=8)}
+RECIPES = {
+    "flux": Recipe(lr=2e-3, batch=32),
+    "wan": Recipe(lr=2e-3, batch=8),
+    "wan-long": Recipe(lr=5e-4, batch=2, ema=0.998),
+}
 """Where a model's recipe is not the UNets' (:class:`Recipe`'s defaults): the transformers, adaLN-Zero, take a four
-times higher rate, the FLUX-layout model twice the batch, the Wan-layout model clips of 8 frames."""
+times higher rate, the FLUX-layout model twice the batch, the Wan-layout model clips of 8 frames; its long-clip
+fine-tune the UNets' rate, 2 clips of 16 frames at 64 px, and a shorter average for its shorter run."""
+LONG_IMAGES = 16  # the long-clip fine-tune's image batches: 16 images at 64 px (256 tokens each)
 
 
 def recipe_of(name: str) -> Recipe:
@@ -160,6 +168,26 @@ def train_wan(
     return _train(model, _rectified_flow, draw, steps, seed, log, partial, state, recipe_of(wan.NAME))
 
 
+def train_wan_long(
+    steps: int, seed: int, log, partial: Path | None = None, state: Resumable | None = None
+) -> tuple[dict[str, torch.Tensor], dict]:
+    """The long-clip Wan-layout model (:data:`.wan.LONG_NAME`): the shipped Wan-layout model fine-tuned by rectified
+    flow to clips of :data:`.wan.LONG_FRAMES` frames at :data:`.wan.LONG_SIZE` px (4,096 tokens), every other batch
+    :data:`LONG_IMAGES` images at that side (one-frame clips: the digit's new scale at a sixteenth of the cost)."""
+    from .loading import load_wan
+
+    model = load_wan().requires_grad_(True)
+    batch = recipe_of(wan.LONG_NAME).batch
+
+    def draw(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if step % 2:
+            x, labels = data.draw(LONG_IMAGES, wan.LONG_SIZE, _batch_seed(seed, step))
+            return x.unsqueeze(2), labels
+        return data.draw_clips(batch, wan.LONG_SIZE, wan.LONG_FRAMES, _batch_seed(seed, step))
+
+    return _train(model, _rectified_flow, draw, steps, seed, log, partial, state, recipe_of(wan.LONG_NAME))
+
+
 def _images(size: int, batch: int, seed: int):
     """The step's batch of images: every :data:`BIG_EVERY`th a quarter as many at twice the side."""
 
@@ -222,7 +250,7 @@ def _train(
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        decay = min(EMA, (1 + step) / (10 + step))
+        decay = min(recipe.ema, (1 + step) / (10 + step))
         with torch.no_grad():
             for e, p in zip(ema.parameters(), model.parameters()):
                 e.lerp_(p, 1 - decay)
@@ -306,6 +334,18 @@ def model_card(name: str, stats: dict, seed: int, threads: int) -> str:
         recipe = "rectified flow (velocity ε − x₀ at a logit-normal time σ), " + schedule.format(
             size=flux.SIZE, twice=2 * flux.SIZE
         )
+    elif name == wan.LONG_NAME:
+        what = (
+            f"The `{name}` model (issue 52): the `{wan.NAME}` model (`benchmarks/lab/trained/wan.py`) fine-tuned from "
+            f"its shipped weights to clips of {wan.LONG_FRAMES} frames at {wan.LONG_SIZE} px: {wan.LONG_FRAMES} × "
+            f"{wan.LONG_SIZE // 4} × {wan.LONG_SIZE // 4} = {wan.LONG_FRAMES * (wan.LONG_SIZE // 4) ** 2} tokens a clip."
+        )
+        arch = f"diffusers `WanTransformer3DModel` {json.dumps(wan.CONFIG)}, as `{wan.NAME}`"
+        recipe = (
+            f"from `{wan.NAME}`'s shipped weights, rectified flow: batches of {r.batch} clips of {wan.LONG_FRAMES} "
+            f"frames at {wan.LONG_SIZE} px and of {LONG_IMAGES} images at {wan.LONG_SIZE} px in turn, label dropout "
+            f"{LABEL_DROPOUT:.0%}, AdamW lr {r.lr:g} (warm-up {WARMUP}, cosine to 10 %), clip 1.0, EMA {r.ema} (shipped, float16)"
+        )
     elif name == wan.NAME:
         layout = wan.__doc__.split("\n\n")[0].split("(issue 36): ", 1)[1]
         what = " ".join(f"The `{name}` model of `benchmarks/lab/trained/wan.py` (issue 36): {layout}".split())
@@ -336,7 +376,11 @@ def model_card(name: str, stats: dict, seed: int, threads: int) -> str:
             f"- Data: `benchmarks/lab/trained/data.py` — digits 0–9 ({len(data.FONTS)} of matplotlib's bundled fonts) over "
             f"dimmed crops of {len(data.PHOTOS)} photographs bundled in scikit-image, drawn afresh for every batch "
             "from a seed derived from the step"
-            + (" (clips: the digit moving one way, the photograph panning another)." if name == wan.NAME else "."),
+            + (
+                " (clips: the digit moving one way, the photograph panning another)."
+                if name in (wan.NAME, wan.LONG_NAME)
+                else "."
+            ),
             f"- Architecture: {arch}.",
             f"- Training: {recipe}.",
             f"- Steps: {stats['steps']}; time: {stats.get('cpu_seconds', stats['seconds']) / 60:.1f} min of CPU time with "
@@ -351,7 +395,9 @@ def model_card(name: str, stats: dict, seed: int, threads: int) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, choices=[*M.ARCHITECTURES, flux.NAME, wan.NAME, "classifier"])
+    parser.add_argument(
+        "--model", required=True, choices=[*M.ARCHITECTURES, flux.NAME, wan.NAME, wan.LONG_NAME, "classifier"]
+    )
     parser.add_argument("--steps", type=int, help="default: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_STEPS.items()))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
@@ -373,13 +419,15 @@ def main(argv: list[str] | None = None) -> None:
     recipe = {
         "lr": r.lr,
         "warmup": WARMUP,
-        "ema": EMA,
+        "ema": r.ema,
         "batch": r.batch,
         "big_every": BIG_EVERY,
         "dropout": LABEL_DROPOUT,
     }
     if args.model == wan.NAME:
         recipe["images_per_clip"] = IMAGES_PER_CLIP
+    if args.model == wan.LONG_NAME:
+        recipe["images"] = LONG_IMAGES
     run = {"model": args.model, "steps": steps, "seed": args.seed, "recipe": recipe}
     state = None if args.state is None else Resumable(args.state, run, args.save_every)
     if args.model == "classifier":
@@ -392,6 +440,8 @@ def main(argv: list[str] | None = None) -> None:
                 weights, stats = train_flux(steps, args.seed, log, args.partial, state)
             elif args.model == wan.NAME:
                 weights, stats = train_wan(steps, args.seed, log, args.partial, state)
+            elif args.model == wan.LONG_NAME:
+                weights, stats = train_wan_long(steps, args.seed, log, args.partial, state)
             else:
                 weights, stats = train_unet(args.model, steps, args.seed, log, args.partial, state)
         except StateMismatch as error:

@@ -1,0 +1,141 @@
+"""Token reduction inside attention (``python -m benchmarks.quality.dit_reduce``; issue 52): what merging or pooling the
+keys and values of the video model's self-attention keeps of plain's clip, at the few steps of distilled models and
+with the step cache at 20, and what it saves at Wan 2.1's real width.
+
+On the trained long-clip Wan-layout model (``wan-long``: 16 frames × 16 × 16 = 4,096 tokens a clip), flow-matching
+Euler with CFG 4 at 4 and 8 steps (the base model: no few-step student was distilled here) and at 20; each reduction
+of :mod:`benchmarks.lab.reduction` against plain at the same count, PSNR per seed (mean and worst seed) and class
+accuracy over every frame. At 20 steps, our cache at its defaults (N = 3, 4) alone and with a reduction on its full
+steps.
+
+Speed: the pass priced at Wan 2.1 1.3B's width (480p, 81 frames: 21 latent frames, 32,760 tokens) from the multiply-adds
+of each block (:func:`benchmarks.lab.reduction.speedup`; the reduced keys and values of 21 frames: the 10 odd frames
+merged into the 11 even), the cache's steps priced as :mod:`benchmarks.speed.wan_costs`' run prices them.
+
+    python -m benchmarks.quality.dit_reduce             # 64 seeds; writes its RESULTS.md section
+    python -m benchmarks.quality.dit_reduce --seeds 16  # fewer seeds
+    python -m benchmarks.quality.dit_reduce --quick     # 2 seeds, random weights, tiny clips: prints only
+    python -m benchmarks.quality.dit_reduce --render    # the section again from benchmarks/runs/dit-reduce.json
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from benchmarks.lab import dit
+from benchmarks.lab.reduction import Reducing, Reduction, speedup
+from benchmarks.lab.results import Section, command, run_command
+from benchmarks.lab.subjects import SUBJECTS
+from benchmarks.lab.trained import wan
+from benchmarks.lab.trained.metrics import Estimate, bootstrap, psnr_ssim
+
+BEGIN, END = "<!-- dit-reduce:begin -->", "<!-- dit-reduce:end -->"
+FEW = (4, 8)
+MANY = 20
+REDUCTIONS = (
+    Reduction("frames"),
+    Reduction("cells"),
+    Reduction(share=0.5),
+    Reduction(share=0.75),
+    Reduction(share=1.0),
+    Reduction(share=0.75, first=1),
+    Reduction(share=1.0, first=1),
+)
+WITH_CACHE = (Reduction(share=0.5, first=1), Reduction(share=1.0, first=1))
+INTERVALS = (3, 4)
+
+
+def _row(samples: torch.Tensor, plain: torch.Tensor, labels: torch.Tensor, speed: float) -> dict:
+    psnr, _ = psnr_ssim(samples, plain)
+    return {
+        "psnr": bootstrap(psnr).to_json(),
+        "worst": float(psnr.min()),
+        "accuracy": dit.accuracy(samples, labels).to_json(),
+        "speedup": round(speed, 3),
+    }
+
+
+def _cached_speedup(reduction: Reduction | None, counts: dict[str, int], steps: int) -> float:
+    """A cached pass at Wan 2.1's width: its full steps at the reduction's price, each cached step at the cached
+    step's share of a full one (:mod:`benchmarks.speed.wan_costs`' run)."""
+    costs = SUBJECTS["wan"].costs()
+    full = steps / speedup(reduction, steps) if reduction is not None else steps
+    return steps / (full * counts["full"] / steps + counts["cached"] * costs.cached_step() / costs.full_step())
+
+
+def run(seeds: int, model, log, subject=SUBJECTS[wan.LONG_NAME], few=FEW, many=MANY) -> dict:
+    noise, labels = subject.noise(range(seeds)), subject.labels(range(seeds))
+    out: dict[str, dict] = {}
+    for steps in (*few, many):
+        plain, _ = dit.sample(model, noise, labels, steps)
+        out[f"{steps}/plain"] = {"accuracy": dit.accuracy(plain, labels).to_json()}
+        for reduction in REDUCTIONS if steps in few else ():
+            with Reducing(reduction, model.transformer, steps):
+                samples, _ = dit.sample(model, noise, labels, steps)
+            out[f"{steps}/{reduction.name}"] = _row(samples, plain, labels, speedup(reduction, steps))
+            log(f"{steps} steps, {reduction.name}: {out[f'{steps}/{reduction.name}']['psnr'][0]:.1f} dB")
+        if steps != many:
+            continue
+        for n in INTERVALS:
+            mode = dit.Mode(f"auto-{n}", "auto", "auto", n)
+            for reduction in (None, *WITH_CACHE):
+                with Reducing(reduction, model.transformer, steps):
+                    samples, counts = dit.sample(model, noise, labels, steps, mode)
+                name = f"{steps}/cache N={n}" + (f" + {reduction.name}" if reduction else "")
+                out[name] = _row(samples, plain, labels, _cached_speedup(reduction, counts, steps))
+                log(f"{name}: {out[name]['psnr'][0]:.1f} dB at {out[name]['speedup']:.2f}x")
+    return out
+
+
+def section(data: dict, meta: dict) -> str:
+    lines = [
+        BEGIN,
+        "## Token reduction inside attention (`python -m benchmarks.quality.dit_reduce`)",
+        "",
+        f"The trained long-clip Wan-layout video model (`benchmarks/lab/trained/weights/{wan.LONG_NAME}.md`: 16 frames × "
+        f"16 × 16 = 4,096 tokens a clip), {meta['seeds']} seeds, flow-matching Euler on Wan 2.1's schedule, CFG "
+        f"{dit.CFG:g}, at 4 and 8 steps (the base model: no few-step student) and at 20; {meta['seconds'] / 60:.0f} min "
+        "(1 torch thread). PSNR (dB) per seed against plain at the same step count: mean [bootstrap 95 %] and the worst "
+        "seed; class accuracy over every frame; the pass's speed-up at Wan 2.1 1.3B's width (480p, 81 frames) from each "
+        "block's multiply-adds (cached steps as `wan_costs` prices them). *nearest s*: ours "
+        "(`tome_core.reduction.kv`: the share s of the odd frames' keys and values merged into their nearest "
+        "neighbour in the even frames); *frames*: every two frames' keys and values pooled; *cells*: every 2 × 2 "
+        "cell's (ToDo); *blocks 1+*: the first block whole.",
+        "",
+        "| steps | reduction | speed-up | PSNR | worst seed | accuracy |",
+        "|---:|---|---:|---|---:|---|",
+    ]
+    for key, row in data.items():
+        steps, name = key.split("/", 1)
+        if name == "plain":
+            accuracy = Estimate.from_json(row["accuracy"]).cell(".0%", 1)
+            lines.append(f"| {steps} | plain | 1.00× | — | — | {accuracy} |")
+            continue
+        lines.append(
+            f"| {steps} | {name} | {row['speedup']:.2f}× | {Estimate.from_json(row['psnr']).cell('.1f')} | "
+            f"{row['worst']:.1f} | {Estimate.from_json(row['accuracy']).cell('.0%', 1)} |"
+        )
+    return "\n".join([*lines, END])
+
+
+def main(argv: list[str] | None = None) -> None:
+    def measure(args) -> tuple[dict, dict]:
+        start = time.perf_counter()
+        subject = SUBJECTS[wan.LONG_NAME]
+        if args.quick:
+            results = run(2, subject.random(), print, SUBJECTS["wan"], few=(4,), many=6)
+            seeds = 2
+        else:
+            seeds = args.seeds
+            results = run(seeds, subject.load(), print)
+        return results, {"seeds": seeds, "seconds": round(time.perf_counter() - start, 1)}
+
+    parser = command(__doc__, quick="", threads=1)
+    parser.add_argument("--seeds", type=int, default=dit.SEEDS, help=f"seeds (default {dit.SEEDS})")
+    run_command(parser, Section("dit-reduce", BEGIN, END, section), argv, measure)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""The lab's token reduction on diffusers' Wan transformer (benchmarks.lab.reduction) and its benchmark
+(benchmarks.quality.dit_reduce): the processors it installs leave plain's output where they reduce nothing and are
+gone after, the step is the call's index, and the price follows the multiply-adds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks.lab import dit
+from benchmarks.lab.reduction import Reducing, Reduction, block_shares, speedup
+from benchmarks.lab.subjects import SUBJECTS
+from benchmarks.lab.trained import architectures as A
+from benchmarks.lab.trained import wan
+from benchmarks.lab.wan21 import REAL
+
+
+@pytest.fixture(scope="module")
+def model():
+    return SUBJECTS["wan"].random()
+
+
+def _sample(model, steps: int = 3, reduction: Reduction | None = None) -> torch.Tensor:
+    subject = SUBJECTS["wan"]
+    noise, labels = subject.noise(range(2)), subject.labels(range(2))
+    with Reducing(reduction, model.transformer, steps):
+        return dit.sample(model, noise, labels, steps)[0]
+
+
+def test_reducing_nothing_keeps_plain_and_leaves_the_processors_as_they_were(model) -> None:
+    before = [block.attn1.processor for block in model.transformer.blocks]
+    plain = _sample(model)
+    assert torch.allclose(_sample(model, reduction=Reduction(share=0.0)), plain, atol=1e-5)
+    reduced = _sample(model, reduction=Reduction(share=1.0))
+    assert (reduced - plain).abs().max() > 1e-4  # it acts
+    assert [block.attn1.processor for block in model.transformer.blocks] == before
+    assert not model.transformer._forward_pre_hooks
+    assert torch.equal(_sample(model), plain)
+
+
+def test_the_steps_outside_the_window_and_the_blocks_before_first_run_whole(model) -> None:
+    plain = _sample(model, 4)
+    late = _sample(model, 4, Reduction(share=1.0, start=0.5))
+    early = _sample(model, 4, Reduction(share=1.0, end=0.5))
+    assert not torch.equal(late, plain) and not torch.equal(early, plain) and not torch.equal(late, early)
+    blocks = len(model.transformer.blocks)
+    assert torch.allclose(_sample(model, 4, Reduction(share=1.0, first=blocks)), plain, atol=1e-5)
+
+
+def test_the_price_follows_the_multiply_adds() -> None:
+    scores, rest = block_shares(REAL)
+    assert scores + rest == pytest.approx(1) and 0.65 < scores < 0.75  # 32,760 tokens, hidden 1536, FFN 8960
+    half = 1 - 10 / 21  # the 10 odd latent frames of 21 merged
+    assert speedup(Reduction(share=1.0), 8) == pytest.approx(1 / (rest + scores * half))
+    assert speedup(Reduction("frames"), 8) == pytest.approx(1 / (rest + scores / 2))
+    assert speedup(Reduction("cells"), 8) == pytest.approx(1 / (rest + scores / 4))
+    assert speedup(Reduction(share=1.0, start=0.5), 8) == pytest.approx(8 / (4 + 4 / speedup(Reduction(share=1.0), 8)))
+    assert speedup(Reduction(share=1.0, first=1), 8) < speedup(Reduction(share=1.0), 8)
+    assert speedup(Reduction(share=0.0), 8) == pytest.approx(1)
+
+
+def test_the_quick_run_prints_every_row(capsys) -> None:
+    from benchmarks.quality import dit_reduce
+
+    dit_reduce.main(["--quick"])
+    text = capsys.readouterr().out
+    assert "| 4 | nearest 1, blocks 1+ | 1.48× |" in text and "| 6 | cache N=3 + nearest 1, blocks 1+ |" in text
+
+
+@pytest.mark.skipif(not A.weights_path(wan.LONG_NAME).exists(), reason="the long-clip model is not trained yet")
+def test_the_long_clip_weights_load_strictly_and_have_a_model_card() -> None:
+    model = SUBJECTS[wan.LONG_NAME].load()  # strict
+    assert not model.training
+    card = A.weights_path(wan.LONG_NAME).with_suffix(".md").read_text(encoding="utf-8")
+    assert "4096 tokens a clip" in card and "fine-tuned" in card and "final loss" in card
+    assert SUBJECTS[wan.LONG_NAME].noise(range(1)).shape == (1, 3, 16, 64, 64)
