@@ -74,3 +74,20 @@ def test_the_long_clip_weights_load_strictly_and_have_a_model_card() -> None:
     card = A.weights_path(wan.LONG_NAME).with_suffix(".md").read_text(encoding="utf-8")
     assert "4096 tokens a clip" in card and "fine-tuned" in card and "final loss" in card
     assert SUBJECTS[wan.LONG_NAME].noise(range(1)).shape == (1, 3, 16, 64, 64)
+
+
+def test_keys_and_values_alone_cannot_reach_a_quarter_faster_on_flux() -> None:
+    from benchmarks.lab.reduction import flux_bound
+
+    assert flux_bound(1.0) == pytest.approx(1)
+    assert 1.05 < flux_bound(0.5) < flux_bound(0.25) < flux_bound(0.0) < 1.25
+
+
+def test_one_block_is_timed_plain_and_reduced_and_left_as_it_was() -> None:
+    from benchmarks.lab import wan21
+    from benchmarks.quality import dit_reduce
+
+    seconds = dit_reduce.block_seconds(wan21.QUICK, 2, lambda _: None)
+    assert set(seconds) == {"plain", "nearest 1"} and all(len(v) == 2 and min(v) > 0 for v in seconds.values())
+    text = dit_reduce._block_text({"seconds": seconds, "finished": "now"}, {})
+    assert "2 interleaved rounds" in text and "priced 1.50×" in text

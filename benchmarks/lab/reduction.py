@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from benchmarks.lab import dit
 from benchmarks.lab.wan21 import REAL, WanConfig
 from tome_core.reduction import kv
 
@@ -151,3 +152,12 @@ def speedup(reduction: Reduction, steps: int, config: WanConfig = REAL) -> float
         for step in range(steps)
     )
     return steps * config.blocks / reduced
+
+
+def flux_bound(kept: float, config: dit.Config = dit.REAL) -> float:
+    """The speed-up of a FLUX.1 step (every block the same per token: 12 d² and attention's 2 N d over image and text
+    keys) with only ``kept`` of the image's keys and values left and the text's whole: what reducing keys and values
+    alone can give there (at ``kept`` 0, its ceiling)."""
+    d, image, text = config.hidden, config.image_tokens, config.text_tokens
+    block = 12 * d * d + 2 * (image + text) * d
+    return block / (12 * d * d + 2 * (kept * image + text) * d)
