@@ -89,5 +89,5 @@ def test_one_block_is_timed_plain_and_reduced_and_left_as_it_was() -> None:
 
     seconds = dit_reduce.block_seconds(wan21.QUICK, 2, lambda _: None)
     assert set(seconds) == {"plain", "nearest 1"} and all(len(v) == 2 and min(v) > 0 for v in seconds.values())
-    text = dit_reduce._block_text({"seconds": seconds, "finished": "now"}, {})
+    text = dit_reduce._block_text({"seconds": seconds, "finished": "now"})
     assert "2 interleaved rounds" in text and "priced 1.50×" in text

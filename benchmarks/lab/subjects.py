@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 
 import torch
@@ -123,21 +123,19 @@ SUBJECTS = {
         "wan-costs-cpu",
         ChainCosts,
     ),
-    wan.LONG_NAME: Subject(
-        wan.LONG_NAME,
-        "the trained long-clip Wan-layout video model",
-        wan,
-        wan.LONG_FRAMES,
-        loading.load_wan_long,
-        "WanTransformer3DModel",
-        f"Wan 2.1's schedule (shift {wan.SHIFT:g})",
-        "Wan 2.1 1.3B's real width (480p, 81 frames)",
-        "benchmarks.speed.wan_costs",
-        "wan-costs-cpu",
-        ChainCosts,
-        wan.LONG_SIZE,
-    ),
 }
+
+
+SUBJECTS[wan.LONG_NAME] = replace(
+    SUBJECTS["wan"],
+    name=wan.LONG_NAME,
+    title="the trained long-clip Wan-layout video model",
+    frames=wan.LONG_FRAMES,
+    load=loading.load_wan_long,
+    side=wan.LONG_SIZE,
+)
+"""The same architecture fine-tuned to 4,096 tokens a clip (:data:`benchmarks.lab.trained.wan.LONG_NAME`), priced as
+the Wan-layout model."""
 
 
 def of_run(meta: dict) -> Subject:

@@ -68,8 +68,8 @@ def _cached_speedup(reduction: Reduction | None, counts: dict[str, int], steps: 
     """A cached pass at Wan 2.1's width: its full steps at the reduction's price, each cached step at the cached
     step's share of a full one (:mod:`benchmarks.speed.wan_costs`' run)."""
     costs = SUBJECTS["wan"].costs()
-    full = steps / speedup(reduction, steps) if reduction is not None else steps
-    return steps / (full * counts["full"] / steps + counts["cached"] * costs.cached_step() / costs.full_step())
+    full = 1 / speedup(reduction, steps) if reduction is not None else 1.0
+    return steps / (counts["full"] * full + counts["cached"] * costs.cached_step() / costs.full_step())
 
 
 def run(seeds: int, model, log, subject=SUBJECTS[wan.LONG_NAME], few=FEW, many=MANY) -> dict:
@@ -147,7 +147,7 @@ def section(data: dict, meta: dict) -> str:
             f"| {steps} | {name} | {row['speedup']:.2f}× | {Estimate.from_json(row['psnr']).cell('.1f')} | "
             f"{row['worst']:.1f} | {Estimate.from_json(row['accuracy']).cell('.0%', 1)} |"
         )
-    lines += ["", _block_text(data.get("block"), meta), ""]
+    lines += ["", _block_text(data.get("block")), ""]
     lines.append(
         "At FLUX.1's width (1024 px: 4,096 image and 512 text tokens, hidden 3072) attention is a smaller part of each "
         f"block: with half the image's keys and values a step is {flux_bound(0.5):.2f}× faster, with a quarter "
@@ -157,7 +157,7 @@ def section(data: dict, meta: dict) -> str:
     return "\n".join([*lines, END])
 
 
-def _block_text(block: dict | None, meta: dict) -> str:
+def _block_text(block: dict | None) -> str:
     if block is None:
         return "One real-width block not timed in this run (`--block`)."
     plain, ours = (statistics.median(block["seconds"][k]) for k in ("plain", "nearest 1"))

@@ -38,6 +38,7 @@ from torch import nn
 from . import architectures as M
 from . import data, flux, wan
 from .classifier import Classifier
+from .loading import load_wan
 
 DEFAULT_STEPS = {"sd15": 2300, "sdxl": 2800, "flux": 16000, "wan": 30000, "wan-long": 1000, "classifier": 1500}
 BIG_EVERY = 8  # every 8th step: side x2, batch / 4 (the same number of pixels)
@@ -174,8 +175,6 @@ def train_wan_long(
     """The long-clip Wan-layout model (:data:`.wan.LONG_NAME`): the shipped Wan-layout model fine-tuned by rectified
     flow to clips of :data:`.wan.LONG_FRAMES` frames at :data:`.wan.LONG_SIZE` px (4,096 tokens), every other batch
     :data:`LONG_IMAGES` images at that side (one-frame clips: the digit's new scale at a sixteenth of the cost)."""
-    from .loading import load_wan
-
     model = load_wan().requires_grad_(True)
     batch = recipe_of(wan.LONG_NAME).batch
 
