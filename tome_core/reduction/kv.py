@@ -4,8 +4,8 @@ A transformer's self-attention over a clip (or an image) of tokens in (frame, ro
 ``softmax(q kᵀ / √d) v`` over every key. Here the keys and values of the odd frames (the *sources*) each find the
 nearest key (per head, by the distance between the two keys, which bounds the change of every query's logit) among
 the even frames' tokens (the *destinations*) next to them in time: the two neighbouring even frames, within
-``(2 radius + 1)²`` positions around their own. The ``share`` of sources nearest
-to their destination are merged into it (the size-weighted mean of keys and of values); the others stay as they are.
+``(2 radius + 1)²`` positions around their own. The ``share`` of sources nearest to their destination are merged
+into it (the size-weighted mean of keys and of values); the others stay as they are.
 Attention then runs on the destinations and the sources kept, each merged key with the log of its size added to its
 logits (proportional attention, ToMe's): where the merged keys are equal, it is the same attention as over all of
 them. An image (one frame) pairs rows instead: odd rows into the even rows above and below.
