@@ -74,6 +74,20 @@ def test_the_long_clip_weights_load_strictly_and_have_a_model_card() -> None:
     card = A.weights_path(wan.LONG_NAME).with_suffix(".md").read_text(encoding="utf-8")
     assert "4096 tokens a clip" in card and "fine-tuned" in card and "final loss" in card
     assert SUBJECTS[wan.LONG_NAME].noise(range(1)).shape == (1, 3, 16, 64, 64)
+    rope = model.transformer.rope
+    assert torch.equal(rope.freqs_cos[2], wan.build(10).transformer.rope.freqs_cos[1])  # positions read at half steps
+
+
+def test_interpolated_positions_are_diffusers_tables_at_fractional_positions() -> None:
+    plain = wan.build(10).transformer.rope
+    same = wan.interpolate_positions(wan.build(10), 1.0).transformer.rope
+    assert torch.equal(same.freqs_cos, plain.freqs_cos) and torch.equal(same.freqs_sin, plain.freqs_sin)
+    half = wan.build_long(10).transformer.rope
+    for k in (0, 1, 5, 100):  # position 2k at half steps is diffusers' position k, on every axis
+        assert torch.allclose(half.freqs_cos[2 * k], plain.freqs_cos[k], atol=1e-6)
+        assert torch.allclose(half.freqs_sin[2 * k], plain.freqs_sin[k], atol=1e-6)
+    assert not torch.allclose(half.freqs_cos[1], plain.freqs_cos[1])
+    assert "rope.freqs_cos" not in wan.build_long(10).transformer.state_dict()  # loading weights keeps them as built
 
 
 def test_keys_and_values_alone_cannot_reach_a_quarter_faster_on_flux() -> None:

@@ -59,8 +59,9 @@ def load_wan(path: str | None = None) -> wan.WanLayout:
 
 
 def load_wan_long(path: str | None = None) -> wan.WanLayout:
-    """The shipped long-clip Wan-layout model (:data:`.wan.LONG_NAME`: the same architecture, 4,096 tokens a clip)."""
-    return load_wan(str(path or A.weights_path(wan.LONG_NAME)))
+    """The shipped long-clip Wan-layout model (:data:`.wan.LONG_NAME`: the same architecture, its positions
+    interpolated, 4,096 tokens a clip)."""
+    return _load(wan.build_long(len(data.CLASSES)), load_file(str(path or A.weights_path(wan.LONG_NAME))))
 
 
 @functools.cache

@@ -36,6 +36,11 @@ LONG_SIZE, LONG_FRAMES = 64, 16
 """The long-clip model (issue 52): the same architecture fine-tuned from the shipped weights to clips of
 :data:`LONG_FRAMES` frames at :data:`LONG_SIZE` px, 16 × 16 × 16 = 4,096 tokens a clip (Wan 2.1 1.3B at 480p × 81
 frames: 32,760), where token reduction is measured at a realistic count."""
+LONG_ROPE_SCALE = 0.5
+"""The long-clip model reads its RoPE positions at half steps on every axis (position interpolation,
+:func:`build_long`): its clips are the base model's at twice the resolution in frames, rows and columns (the same
+motion over twice the frames), so their positions span the base model's trained range. Fine-tuned without it, the
+base model's 8 × 8 grid did not stretch to 16 × 16 (a quarter of the long clips' frames recognised)."""
 CONFIG = dict(
     patch_size=(1, 4, 4),
     num_attention_heads=3,
@@ -84,6 +89,29 @@ def build(classes: int, seed: int = 0) -> WanLayout:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return WanLayout(classes)
+
+
+def build_long(classes: int, seed: int = 0) -> WanLayout:
+    """The long-clip model's architecture: :func:`build` with RoPE positions read at :data:`LONG_ROPE_SCALE` steps."""
+    return interpolate_positions(build(classes, seed), LONG_ROPE_SCALE)
+
+
+def interpolate_positions(model: WanLayout, scale: float) -> WanLayout:
+    """``model`` with its RoPE tables (non-persistent buffers, not in the weights) rebuilt for positions ``scale`` ×
+    0, 1, 2, … on the frame, row and column axes, as diffusers builds them for 0, 1, 2, …"""
+    from diffusers.models.embeddings import get_1d_rotary_pos_embed
+
+    rope = model.transformer.rope
+    positions = torch.arange(rope.max_seq_len, dtype=torch.float64) * scale
+    tables = [
+        get_1d_rotary_pos_embed(
+            dim, positions, 10000.0, use_real=True, repeat_interleave_real=True, freqs_dtype=torch.float64
+        )
+        for dim in (rope.t_dim, rope.h_dim, rope.w_dim)
+    ]
+    rope.freqs_cos = torch.cat([c for c, _ in tables], 1).to(rope.freqs_cos)
+    rope.freqs_sin = torch.cat([s for _, s in tables], 1).to(rope.freqs_sin)
+    return model
 
 
 def zero_start(model: WanLayout) -> WanLayout:
