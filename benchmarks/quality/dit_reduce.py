@@ -125,7 +125,7 @@ def section(data: dict, meta: dict) -> str:
         f"The trained long-clip Wan-layout video model (`benchmarks/lab/trained/weights/{wan.LONG_NAME}.md`: 16 frames × "
         f"16 × 16 = 4,096 tokens a clip), {meta['seeds']} seeds, flow-matching Euler on Wan 2.1's schedule, CFG "
         f"{dit.CFG:g}, at 4 and 8 steps (the base model: no few-step student) and at 20; {meta['seconds'] / 60:.0f} min "
-        "(1 torch thread). PSNR (dB) per seed against plain at the same step count: mean [bootstrap 95 %] and the worst "
+        f"({meta.get('threads', 1)} torch threads). PSNR (dB) per seed against plain at the same step count: mean [bootstrap 95 %] and the worst "
         "seed; class accuracy over every frame; the pass's speed-up at Wan 2.1 1.3B's width (480p, 81 frames) from each "
         "block's multiply-adds (cached steps as `wan_costs` prices them). *nearest s*: ours "
         "(`tome_core.reduction.kv`: the share s of the odd frames' keys and values merged into their nearest "
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             seeds = args.seeds
             results = run(seeds, subject.load(), print)
-        return results, {"seeds": seeds, "seconds": round(time.perf_counter() - start, 1)}
+        return results, {"seeds": seeds, "seconds": round(time.perf_counter() - start, 1), "threads": args.threads}
 
     parser = command(__doc__, quick="", threads=1)
     parser.add_argument("--seeds", type=int, default=dit.SEEDS, help=f"seeds (default {dit.SEEDS})")
