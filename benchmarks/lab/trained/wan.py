@@ -39,8 +39,9 @@ frames: 32,760), where token reduction is measured at a realistic count."""
 LONG_ROPE_SCALE = 0.5
 """The long-clip model reads its RoPE positions at half steps on every axis (position interpolation,
 :func:`build_long`): its clips are the base model's at twice the resolution in frames, rows and columns (the same
-motion over twice the frames), so their positions span the base model's trained range. Fine-tuned without it, the
-base model's 8 × 8 grid did not stretch to 16 × 16 (a quarter of the long clips' frames recognised)."""
+motion over twice the frames), so their positions span the base model's trained range. The earlier fine-tune, without
+it and without the image steps first, left a quarter of the long clips' frames recognised; which of the two changes
+did the most was not measured apart (read at half steps before any tuning, the base model gains nothing)."""
 CONFIG = dict(
     patch_size=(1, 4, 4),
     num_attention_heads=3,
