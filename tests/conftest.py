@@ -133,6 +133,7 @@ LAB_MODULES = {
     "test_comfy_benchmark",
     "test_comfy_builtin",
     "test_dit_anchors",
+    "test_correction_ceiling",
     "test_dit_correction",
     "test_dit_costs",
     "test_dit_fidelity",
