@@ -17,14 +17,18 @@ def _hooks(module: torch.nn.Module) -> int:
     return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in module.modules())
 
 
+def _pass(name: str, seeds: int, steps: int):
+    """An untrained ``name`` model, its noise and labels for ``seeds``, its schedule of ``steps`` and guided calls."""
+    subject = SUBJECTS[name]
+    model = subject.random()
+    noise, labels = subject.noise(range(seeds)), subject.labels(range(seeds))
+    return model, noise, labels, model.schedule(steps, noise), E.Guided(model, labels)
+
+
 @pytest.mark.parametrize("name", ["flux", "wan"])
 @pytest.mark.parametrize("gain", [0.0, 0.75])
 def test_the_emulated_cache_gives_the_caches_own_samples(name, gain):
-    subject = SUBJECTS[name]
-    model = subject.random()
-    noise, labels = subject.noise(range(2)), subject.labels(range(2))
-    schedule = model.schedule(8, noise)
-    guided = E.Guided(model, labels)
+    model, noise, labels, schedule, guided = _pass(name, 2, 8)
     variant = E.Variant("v", correction="linear" if gain else None, gain=gain)
     with guided.hooks.on(model.transformer):
         emulated, counts = E.sample(guided, noise, schedule, 3, variant)
@@ -38,11 +42,7 @@ def test_the_emulated_cache_gives_the_caches_own_samples(name, gain):
 
 
 def test_with_every_step_full_each_idea_is_plains_pass_bit_for_bit():
-    subject = SUBJECTS["flux"]
-    model = subject.random()
-    noise, labels = subject.noise(range(2)), subject.labels(range(2))
-    schedule = model.schedule(6, noise)
-    guided = E.Guided(model, labels)
+    model, noise, labels, schedule, guided = _pass("flux", 2, 6)
     with guided.hooks.on(model.transformer):
         plain, residuals = E.plain(guided, noise, schedule)
         for variant in C.VARIANTS:
@@ -53,11 +53,7 @@ def test_with_every_step_full_each_idea_is_plains_pass_bit_for_bit():
 
 
 def test_the_ideas_differ_and_count_what_they_run_again():
-    subject = SUBJECTS["flux"]
-    model = subject.random()
-    noise, labels = subject.noise(range(1)), subject.labels(range(1))
-    schedule = model.schedule(12, noise)
-    guided = E.Guided(model, labels)
+    model, noise, _, schedule, guided = _pass("flux", 1, 12)
     outs, counts = {}, {}
     with guided.hooks.on(model.transformer):
         _, residuals = E.plain(guided, noise, schedule)
