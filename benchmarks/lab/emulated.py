@@ -13,7 +13,7 @@ sampler's time from the last two full steps) and its deferred correction (:mod:`
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -21,9 +21,8 @@ import torch
 from benchmarks.lab.dit import CFG, Trained
 from tome_core.caching.correction import interpolate
 
-Residual = torch.Tensor | Callable[[torch.Tensor], torch.Tensor] | None
-"""What a call feeds the output layer past its probe: a residual, a function of the live probe's output giving one,
-or None (the blocks' own: a full step)."""
+Residual = torch.Tensor | None
+"""What a call feeds the output layer past its probe: a residual, or None (the blocks' own: a full step)."""
 
 
 @dataclass
@@ -46,8 +45,7 @@ class Hooks:
             self.live = h - self.probe.to(h.dtype)
             if self.use is None:
                 return None
-            r = self.use(self.probe) if callable(self.use) else self.use
-            return (self.probe.to(h.dtype) + r, *args[1:])
+            return (self.probe.to(h.dtype) + self.use, *args[1:])
 
         hooks = [blocks[0].register_forward_hook(probed), transformer.norm_out.register_forward_pre_hook(entering)]
         try:
