@@ -27,7 +27,7 @@ Residual = torch.Tensor | None
 
 @dataclass
 class Hooks:
-    """The probe's output and what entered the output layer at the last call, and the residual the next call uses."""
+    """The probe's output and the blocks' own residual at the last call, and the residual the next call uses."""
 
     use: Residual = None
     probe: torch.Tensor | None = None
