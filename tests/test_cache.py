@@ -80,6 +80,57 @@ def test_cached_steps_follow_the_schedule_and_the_first_and_last_are_full(unet):
         assert same != cached, i  # full steps are plain's exactly; cached ones are not
 
 
+def test_the_early_schedule_runs_the_second_full_step_one_sooner_in_every_pass(unet):
+    settings = dict(ratio=0.0, cache=True, cache_interval=3, cache_schedule="early")
+    expected = [False, True, False, True, True, False, True, False]  # full at 0, N - 1 = 2, 5 and the last
+    assert uniform_plan(tome_core.ToMeSettings(**settings), 8) == expected
+    uniform = uniform_plan(tome_core.ToMeSettings(**{**settings, "cache_schedule": "uniform"}), 8)
+    assert uniform != expected and uniform.count(False) == expected.count(False)
+    base = plain(unet, steps=8)
+    patch = tome_core.apply_patch(unet, **settings)
+    try:
+        passes = [run(unet, patch, steps=8), run(unet, patch, steps=8)]  # a new pass begins the schedule again
+        report = patch.report()
+    finally:
+        tome_core.remove_patch(unet)
+    assert (report.cache.full, report.cache.cached) == (8, 8)
+    for outs in passes:
+        assert [not torch.equal(a, b) for a, b in zip(outs, base)] == expected
+
+
+def test_the_early_schedule_is_the_uniform_one_where_moving_would_add_a_full_step(unet):
+    # below N=3; and at 7 steps, where the uniform grid (0, 3, 6) ends on the last step
+    for n in (2, 3):
+        early, _ = with_patch(unet, ratio=0.0, cache=True, cache_interval=n, cache_schedule="early")
+        uniform, _ = with_patch(unet, ratio=0.0, cache=True, cache_interval=n, cache_schedule="uniform")
+        assert all(torch.equal(a, b) for a, b in zip(early, uniform)), n
+    plan = uniform_plan(tome_core.ToMeSettings(cache=True, cache_interval=3, cache_schedule="early"), 19)
+    assert [i for i, cached in enumerate(plan) if not cached] == [*range(0, 19, 3)]
+
+
+def test_the_early_schedule_is_the_uniform_one_where_the_step_count_is_not_reported(unet):
+    x, ctx = _inputs()
+    outs = {}
+    for schedule in ("early", "uniform"):
+        patch = tome_core.apply_patch(unet, ratio=0.0, cache=True, cache_interval=3, cache_schedule=schedule)
+        try:
+            with torch.no_grad():
+                outs[schedule] = [
+                    unet(x * (1 - 0.05 * i), torch.full((2,), 999.0 * (1 - i / 8)), ctx) for i in range(8)
+                ]
+            assert patch.report().cache.cached > 0
+        finally:
+            tome_core.remove_patch(unet)
+    assert all(torch.equal(a, b) for a, b in zip(outs["early"], outs["uniform"]))
+
+
+def test_the_early_plan_begins_at_a_refiners_first_step():
+    settings = tome_core.ToMeSettings(cache=True, cache_interval=4, cache_schedule="early")
+    plan = uniform_plan(settings, 20, first=6)
+    assert [6 + i for i, cached in enumerate(plan) if not cached] == [6, 9, 13, 17, 19]
+    assert [i for i, cached in enumerate(uniform_plan(settings, 20)) if not cached] == [0, 3, 7, 11, 15, 19]
+
+
 def test_the_cache_window_keeps_steps_outside_it_full(unet):
     settings = dict(ratio=0.0, cache=True, cache_interval=2, cache_start=0.4, cache_end=0.8)
     outs, report = with_patch(unet, **settings)

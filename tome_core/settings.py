@@ -16,7 +16,7 @@ MaxDownsample = int | Literal["auto"]
 DOWNSAMPLE_CHOICES: tuple[str, ...] = ("1", "2", "4", "8", "auto")
 METHOD_CHOICES: tuple[str, ...] = ("merge", "downsample")
 FORECAST_CHOICES: tuple[str, ...] = ("off", "linear", "calibrated", "auto")
-SCHEDULE_CHOICES: tuple[str, ...] = ("uniform", "adaptive", "time", "auto")
+SCHEDULE_CHOICES: tuple[str, ...] = ("uniform", "adaptive", "time", "early", "auto")
 CACHE_DEVICE_CHOICES: tuple[str, ...] = ("model", "cpu")
 AUTO = "auto"
 """The value of ``cache_forecast`` / ``cache_schedule`` that the model's family resolves (:meth:`ToMeSettings.resolved`):
@@ -335,7 +335,7 @@ class ToMeSettings:
         label="Cache schedule",
         infotext="ToMe cache schedule",
         choices=SCHEDULE_CHOICES,
-        hint="auto (the default): time on UNets, uniform on diffusion transformers (their flow-matching schedules bunch the time where the image forms least). time: full steps spread evenly in the sampler's time, on average one every cache interval (the same as uniform on Euler's, DDIM's and UniPC's spacing; under the Karras and exponential schedules of DPM++ they go where the image forms). uniform: a full step every cache interval (DeepCache). adaptive: also a full step as soon as the UNet's input strays from its forecast by more than the cache threshold; the cache interval is then the longest run without one.",
+        hint="auto (the default): time on UNets, uniform on diffusion transformers (their flow-matching schedules bunch the time where the image forms least). time: full steps spread evenly in the sampler's time, on average one every cache interval (the same as uniform on Euler's, DDIM's and UniPC's spacing; under the Karras and exponential schedules of DPM++ they go where the image forms). uniform: a full step every cache interval (DeepCache). early: the same number of full steps with the second one step sooner (at cache interval - 1, then every cache interval), where the steps before it have no forecast yet (from cache interval 3): on the trained transformers the worst image kept up to 9 dB more, the mean -2.4 to +1.5 dB (not measured on UNets). adaptive: also a full step as soon as the UNet's input strays from its forecast by more than the cache threshold; the cache interval is then the longest run without one.",
     )
     cache_threshold: float = _spec(
         0.08,
