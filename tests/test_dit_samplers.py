@@ -1,5 +1,6 @@
 """The samplers' benchmark (``benchmarks.quality.dit_samplers``, issue 53): its loop under Euler is the lab's Euler
-loop (plain, cached and corrected; to float rounding), and under a multistep sampler the default correction acts."""
+loop (plain, cached and corrected; to float rounding), under a multistep sampler the default correction acts, and the
+early schedule is measured beside the uniform one."""
 
 from __future__ import annotations
 
@@ -26,7 +27,14 @@ def test_under_euler_the_samplers_loop_is_the_labs_and_under_uni_pc_the_correcti
     off, on = rows["uni_pc/N2/0"], rows["uni_pc/N2/0.75"]
     assert on["counts"] == off["counts"] and on["counts"]["cached"] > 0
     assert on["psnr_per_seed"] != off["psnr_per_seed"]
-    assert "| uni_pc | 2 |" in dit_samplers.section(rows, {"seeds": 2, "steps": 8, "source": "x", "seconds": 1})
+    # the early schedule: uni_pc's 7 calls at N=4 run full at 0, 3 and 6 (uniform: 0, 4 and 6); at N=3 the uniform
+    # grid ends on the last call (0, 3, 6), and below N=3 the schedules are one
+    early, uniform = rows["uni_pc/N4/0.75/early"], rows["uni_pc/N4/0.75"]
+    assert early["counts"] == uniform["counts"] and early["psnr_per_seed"] != uniform["psnr_per_seed"]
+    for n in (2, 3):
+        assert rows[f"uni_pc/N{n}/0.75/early"]["psnr_per_seed"] == rows[f"uni_pc/N{n}/0.75"]["psnr_per_seed"]
+    text = dit_samplers.section(rows, {"seeds": 2, "steps": 8, "source": "x", "seconds": 1})
+    assert "| uni_pc | 2 |" in text and "early schedule: steps" in text
 
 
 def test_diffusers_schedulers_run_as_samplers_and_end_on_what_the_model_says():

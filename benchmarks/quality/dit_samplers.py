@@ -6,7 +6,7 @@ benchmarks.quality.dit_samplers``; issue 53): on the trained FLUX-layout model (
 Plain under that sampler is the reference.
 
 1. Ours: the transformers' default (linear forecast, uniform schedule) at N = 2 … 8 with the correction at its default
-   (0.75, told the sampler as a host tells it) and without it (0), all seeds.
+   (0.75, told the sampler as a host tells it) and without it (0), and the early schedule at the default, all seeds.
 2. The real libraries (cache-dit, diffusers' hooks; :mod:`benchmarks.lab.libraries`) under the same sampler: the
    settings of each library within :data:`SLACK` dB of its frontier in ``dit_libraries``' recorded Euler sweep, at
    :data:`SWEPT_FROM`× or faster, swept again under this sampler on :data:`SWEEP_SEEDS` seeds, image by image; each
@@ -43,6 +43,8 @@ COMMAND = "dit-samplers"
 STEPS = 20
 INTERVALS = (2, 3, 4, 5, 7, 8)
 GAINS = (0.0, DEFAULTS.cache_correction)
+EARLY = (DEFAULTS.cache_correction, "early")
+"""The early schedule (``cache_schedule`` early) is measured at the default gain."""
 SWEEP_SEEDS = 8
 SLACK = 1.0
 """dB: a library's setting is swept again under each sampler where no other setting of that library was, under Euler,
@@ -80,18 +82,21 @@ def _cell(values: list[float]) -> str:
 
 
 def ours(model, noise, labels, steps: int, name: str, function: Callable, plain, subject: Subject, progress, log):
-    """Our cache at each N of :data:`INTERVALS` and gain of :data:`GAINS` under the sampler ``name``."""
+    """Our cache under the sampler ``name`` at each N of :data:`INTERVALS`: on the uniform schedule at each gain of
+    :data:`GAINS`, on the early one at the default gain (:data:`EARLY`)."""
     out = {}
     for n in INTERVALS:
-        for gain in GAINS:
-            key = f"{name}/N{n}/{gain:g}"
+        for gain, schedule in [*((g, "uniform") for g in GAINS), EARLY]:
+            key = f"{name}/N{n}/{gain:g}" + ("" if schedule == "uniform" else f"/{schedule}")
             row = progress.get(key)
             if row is None:
-                settings = ToMeSettings(ratio=0.0, cache=True, cache_interval=n, cache_correction=gain)
+                settings = ToMeSettings(
+                    ratio=0.0, cache=True, cache_interval=n, cache_correction=gain, cache_schedule=schedule
+                )
                 samples, counts = S.sample(model, noise, labels, steps, name, function, settings)
                 psnr, _ = psnr_ssim(samples, plain)
                 row = {"sampler": name, "interval": n, "gain": gain, "counts": counts, "psnr_per_seed": psnr.tolist()}
-                row = progress.put(key, {**row, "speed": subject.priced(counts)})
+                row = progress.put(key, {**row, "schedule": schedule, "speed": subject.priced(counts)})
             out[key] = row
             log(f"{key}: {row['counts']}, {_cell(row['psnr_per_seed'])} dB")
     return out
@@ -170,10 +175,17 @@ def run(
     return out
 
 
+def _steps_and_speed(row: dict) -> list[str]:
+    counts = row["counts"] or {}
+    speed = "" if row["speed"] is None else f"{row['speed']:.2f}×"
+    return [f"{counts.get('full', '?')} + {counts.get('cached', '?')}", speed]
+
+
 def _as_final(row: dict) -> dict:
     values = row["psnr_per_seed"]
+    schedule = row.get("schedule", "uniform")
     return {
-        "library": "ours" if row["gain"] else "uncorrected",
+        "library": schedule if schedule != "uniform" else "ours" if row["gain"] else "uncorrected",
         "name": f"N={row['interval']}",
         "psnr": sum(values) / len(values),
         "psnr_per_seed": values,
@@ -194,7 +206,8 @@ def section(data_: dict, meta: dict) -> str:
         f"({meta.get('threads', 1)} torch threads). PSNR (dB) against plain "
         "under the same sampler, per-seed mean (worst seed), of our cache (linear forecast, uniform schedule) at N with "
         "`cache_correction` 0 and at its default (0.75), which acts under each of these samplers through its linear "
-        "map (`tome_core.caching.samplers`); speed priced at "
+        "map (`tome_core.caching.samplers`), and on the early schedule (`cache_schedule` early: the second full "
+        "step at N − 1, then every N) at that default, paired against the uniform one (bootstrap 95 %); speed priced at "
         f"{subject.width}. `uni_pc` and `uni_pc_bh2` run one step fewer (ComfyUI drops their next-to-last sigma).",
         "",
         *(
@@ -209,22 +222,25 @@ def section(data_: dict, meta: dict) -> str:
             )
             else []
         ),
-        "| sampler | N | steps (full + cached) | speed | uncorrected | corrected (default) | gain |",
-        "|---|---:|---|---:|---|---|---:|",
+        "| sampler | N | steps (full + cached) | speed | uncorrected | corrected (default) | gain "
+        "| early schedule: steps | speed | corrected | − uniform (paired) |",
+        "|---|---:|---|---:|---|---|---:|---|---:|---|---|",
     ]
-    rows: dict[tuple[str, int], dict[float, dict]] = {}
+    rows: dict[tuple[str, int], dict[tuple[float, str], dict]] = {}
     for row in rows_.values():
-        rows.setdefault((row["sampler"], row["interval"]), {})[row["gain"]] = row
-    for (name, n), by_gain in rows.items():
-        off, on = by_gain[0.0], by_gain[DEFAULTS.cache_correction]
+        rows.setdefault((row["sampler"], row["interval"]), {})[row["gain"], row.get("schedule", "uniform")] = row
+    for (name, n), by_kind in rows.items():
+        off, on = by_kind[0.0, "uniform"], by_kind[DEFAULTS.cache_correction, "uniform"]
         gain = (sum(on["psnr_per_seed"]) - sum(off["psnr_per_seed"])) / len(on["psnr_per_seed"])
-        counts = on["counts"] or {}
-        speed = "" if on["speed"] is None else f"{on['speed']:.2f}×"
-        steps = f"{counts.get('full', '?')} + {counts.get('cached', '?')}"
-        lines.append(
-            f"| {name} | {n} | {steps} | {speed} | {_cell(off['psnr_per_seed'])} | {_cell(on['psnr_per_seed'])} "
-            f"| {gain:+.1f} |"
-        )
+        cells = [name, str(n), *_steps_and_speed(on), _cell(off["psnr_per_seed"]), _cell(on["psnr_per_seed"])]
+        cells.append(f"{gain:+.1f}")
+        early = by_kind.get(EARLY)
+        if early is None:
+            cells += ["—"] * 4
+        else:
+            diff = np.array(early["psnr_per_seed"]) - np.array(on["psnr_per_seed"])
+            cells += [*_steps_and_speed(early), _cell(early["psnr_per_seed"]), bootstrap(diff).cell(".1f")]
+        lines.append("| " + " | ".join(cells) + " |")
     found = data_.get("libraries") or {}
     if found:
         lines += [
@@ -237,12 +253,18 @@ def section(data_: dict, meta: dict) -> str:
             "least that fast, PSNR mean (worst seed) and speed, and ours (the default) minus the best library's, "
             "paired per seed (bootstrap 95 %).",
             "",
-            "| sampler | target | ours (default) | uncorrected | best cache-dit | best diffusers | ours − best library |",
-            "|---|---|---|---|---|---|---|",
+            "| sampler | target | ours (default) | uncorrected | early schedule | best cache-dit | best diffusers "
+            "| ours − best library | early − best library |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
 
         def cell(run: dict | None) -> str:
             return "—" if run is None else f"{_cell(run['psnr_per_seed'])} at {run['speed']:.2f}×"
+
+        def lead(run: dict | None, best: dict | None) -> str:
+            if run is None or best is None:
+                return "—"
+            return bootstrap(np.array(run["psnr_per_seed"]) - np.array(best["psnr_per_seed"])).cell(".1f")
 
         for name, part in found.items():
             final = {**part["final"]}
@@ -250,15 +272,12 @@ def section(data_: dict, meta: dict) -> str:
                 if row["sampler"] == name:
                     final[key] = _as_final(row)
             for target in TARGETS:
-                mine, off = L.best_at(final, "ours", target), L.best_at(final, "uncorrected", target)
+                mine, off, early = (L.best_at(final, kind, target) for kind in ("ours", "uncorrected", "early"))
                 libs = [L.best_at(final, library, target) for library in L.LIBRARIES]
                 best = L.best_library_at(final, target)
-                diff = "—"
-                if mine is not None and best is not None:
-                    diff = bootstrap(np.array(mine["psnr_per_seed"]) - np.array(best["psnr_per_seed"])).cell(".1f")
                 lines.append(
-                    f"| {name} | ≥ {target:g}× | {cell(mine)} | {cell(off)} | {cell(libs[0])} | {cell(libs[1])} "
-                    f"| {diff} |"
+                    f"| {name} | ≥ {target:g}× | {cell(mine)} | {cell(off)} | {cell(early)} | {cell(libs[0])} "
+                    f"| {cell(libs[1])} | {lead(mine, best)} | {lead(early, best)} |"
                 )
         lines += ["", "Each library's runs on all seeds, per sampler (its sweep's frontier):", ""]
         for name, part in found.items():
