@@ -33,8 +33,11 @@ def test_under_euler_the_samplers_loop_is_the_labs_and_under_uni_pc_the_correcti
     assert early["counts"] == uniform["counts"] and early["psnr_per_seed"] != uniform["psnr_per_seed"]
     for n in (2, 3):
         assert rows[f"uni_pc/N{n}/0.75/early"]["psnr_per_seed"] == rows[f"uni_pc/N{n}/0.75"]["psnr_per_seed"]
-    text = dit_samplers.section(rows, {"seeds": 2, "steps": 8, "source": "x", "seconds": 1})
-    assert "| uni_pc | 2 |" in text and "early schedule: steps" in text
+    meta = {"seeds": 2, "steps": 8, "source": "x", "seconds": 1}
+    text = dit_samplers.section(rows, meta)
+    assert "| uni_pc | 2 |" in text and "early schedule: steps" in text and "stands aside" not in text
+    aside = {k: {**r, "psnr_per_seed": rows[f"uni_pc/N{r['interval']}/0"]["psnr_per_seed"]} for k, r in rows.items()}
+    assert "stands aside" in dit_samplers.section(aside, meta)  # every corrected row equal to its uncorrected one
 
 
 def test_diffusers_schedulers_run_as_samplers_and_end_on_what_the_model_says():

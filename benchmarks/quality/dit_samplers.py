@@ -217,8 +217,10 @@ def section(data_: dict, meta: dict) -> str:
                 "",
             ]
             if all(
-                r["gain"] == 0 or r["psnr_per_seed"] == rows_[key.rsplit("/", 1)[0] + "/0"]["psnr_per_seed"]
-                for key, r in rows_.items()
+                r["gain"] == 0
+                or r.get("schedule", "uniform") != "uniform"
+                or r["psnr_per_seed"] == rows_[f"{r['sampler']}/N{r['interval']}/0"]["psnr_per_seed"]
+                for r in rows_.values()
             )
             else []
         ),
