@@ -53,7 +53,8 @@ class StepCosts:
         plan = [False] * steps
         if interval is not None:
             plan = uniform_plan(tome_core.ToMeSettings(cache=True, cache_interval=interval, cache_start=start), steps)
-        seconds = sum(self.cost("cached" if c else "full", mode) for c in plan)
+        cached = sum(plan)  # counted, not summed step by step: a run without the cache is exactly plain's
+        seconds = (steps - cached) * self.cost("full", mode) + (cached and cached * self.cost("cached", mode))
         return steps * self.cost("full", "plain") / seconds
 
     def measured(self, name: str) -> float:
