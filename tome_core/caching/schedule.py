@@ -87,7 +87,7 @@ def uniform_plan(settings: ToMeSettings, steps: int, first: int = 0) -> list[boo
     when every step is reported, from step ``first`` on (a patch applied mid-pass, at a refiner's switch, begins
     there, in full): for counting a run's full and cached steps ahead of it (the adaptive schedule's depend on the
     run)."""
-    out, last_full, fulls = [], first, 1
+    out, last_full, fulls = [], first, 0
     for step in range(first, steps):
         since_full, run = step - last_full, longest_run(settings, fulls, steps - 1 - first)
         cached = (
@@ -95,7 +95,7 @@ def uniform_plan(settings: ToMeSettings, steps: int, first: int = 0) -> list[boo
             and step > first
             and may_cache(settings, step, step / steps, step == steps - 1, since_full, run)
         )
-        last_full, fulls = (last_full, fulls) if cached else (step, fulls + (step > first))
+        last_full, fulls = (last_full, fulls) if cached else (step, fulls + 1)
         out.append(cached)
     return out
 
